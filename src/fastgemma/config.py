@@ -1,0 +1,71 @@
+"""Engine configuration: what to load and how to run it, validated once.
+
+`EngineConfig` is built from user input (CLI flags, `LLM(...)` arguments); `resolve()` turns
+"auto" choices into concrete ones for this machine. Invalid values raise `ValueError`
+naming the accepted ones. Nothing mutates a config after construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AVX-512 BF16 or AMX: the CPU multiplies bf16 natively."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # folder, .gguf file or hub id; None = the embedded default model
+    dtype: str = "auto"  # auto | bfloat16 | float32
+    max_model_len: int | None = None  # prompt + output tokens; None = min(model maximum, 32768)
+    device: str | None = None  # "cpu", "cuda", "cuda:1"; None = cuda when available
+    prefill_chunk: int = 512  # prompt tokens per prefill forward (bounds activation memory)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"invalid dtype {self.dtype!r}; use one of: auto, bfloat16, float32")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be an integer >= 2 (got {self.max_model_len!r})")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
+        if self.device is not None:
+            try:
+                dev = torch.device(self.device)
+            except RuntimeError as e:
+                raise ValueError(f"invalid device {self.device!r}: use cpu or cuda[:N]") from e
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError("device cuda requested but no CUDA device is available; use --device cpu")
+
+    def torch_device(self) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def torch_dtype(self) -> torch.dtype:
+        """auto: bf16 on CUDA and on CPUs with native bf16 maths, fp32 elsewhere."""
+        explicit = DTYPES[self.dtype]
+        if explicit is not None:
+            return explicit
+        if self.torch_device().type == "cuda" or cpu_has_fast_bf16():
+            return torch.bfloat16
+        return torch.float32
+
+    def resolve_max_model_len(self, model_maximum: int) -> int:
+        if self.max_model_len is None:
+            return min(model_maximum, DEFAULT_MAX_MODEL_LEN_CAP)
+        if self.max_model_len > model_maximum:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {model_maximum}"
+            )
+        return self.max_model_len

@@ -1,0 +1,42 @@
+"""Per-request generation settings, named and defaulted as vLLM's `SamplingParams`.
+
+Validated once at construction: a bad value raises `ValueError` saying what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16  # tokens to generate at most (vLLM's default)
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int = 0  # keep the k most likely tokens; 0 or -1 = all
+    seed: int | None = None  # per-request RNG seed: same seed, same samples
+    stop: list[str] = field(default_factory=list)  # stop strings, excluded from the text
+    stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end generation
+    ignore_eos: bool = False  # keep generating past end-of-sequence ids
+    logprobs: int | None = None  # return the top-n logprobs of each generated token
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", [self.stop])
+        checks = [
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100] (0 = greedy)"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (isinstance(self.top_k, int) and self.top_k >= -1, "top_k must be -1, 0 (disabled) or a positive integer"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be between 0 and 20"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
+            (self.seed is None or isinstance(self.seed, int), "seed must be an integer"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{message} (got {self!r})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,134 @@
+"""The Python API, in vLLM's names: `LLM(model=...).generate(prompts, SamplingParams(...))`.
+
+Owns text: prompts are encoded here, outputs decoded here, stop strings matched here. The
+engine below sees token ids only. One request runs at a time, in submission order.
+
+    llm = LLM()                                   # the embedded Gemma 3 270M
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0.0))[0]
+    out.text, out.token_ids
+    llm.score(ids)                                # logprob of each token given its prefix
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence as Seq
+from typing import Any
+
+from fastgemma.config import EngineConfig
+from fastgemma.engine.llm_engine import LLMEngine
+from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
+from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.engine.sequence import Sequence
+from fastgemma.outputs import CompletionOutput, RequestOutput, StreamDelta
+from fastgemma.tokenizer import IncrementalDecoder
+from fastgemma.weights import load
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        device: str | None = None,
+        prefill_chunk: int = 512,
+    ):
+        self.config = EngineConfig(
+            model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk
+        )
+        loaded = load(self.config)
+        self.source, self.spec, self.tokenizer = loaded.source, loaded.spec, loaded.tokenizer
+        self.model = loaded.model
+        self.max_model_len = loaded.max_model_len
+        self.runner = ModelRunner(loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk)
+        self.engine = LLMEngine(self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size)
+
+    @property
+    def model_name(self) -> str:
+        return self.source.name
+
+    # ---- prompts -------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty; give some text or token ids")
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise ValueError("a prompt is a string or a list of integer token ids")
+
+    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        params = sampling_params or SamplingParams()
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        encoded = [self.encode_prompt(p) for p in prompts]  # validate all before running any
+        for ids in encoded:
+            self.engine.validate_prompt(ids)
+        outputs = []
+        for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+            text, token_ids, reason, seq = "", [], None, None
+            for delta, seq in self._run(ids, params):
+                text += delta.text
+                if delta.token_id is not None:
+                    token_ids.append(delta.token_id)
+                reason = delta.finish_reason or reason
+            completion = CompletionOutput(0, text, token_ids, reason, seq.output_logprobs if params.logprobs is not None else None)
+            outputs.append(RequestOutput(str(i), prompt if isinstance(prompt, str) else None, ids, [completion]))
+        return outputs
+
+    def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None) -> RequestOutput:
+        return self.generate([self.chat_prompt_ids(messages)], sampling_params)[0]
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamDelta]:
+        """Yield text deltas as tokens are generated; closing the iterator cancels the request."""
+        for delta, _ in self._run(self.encode_prompt(prompt), sampling_params or SamplingParams()):
+            yield delta
+
+    def _run(self, ids: list[int], params: SamplingParams) -> Iterator[tuple[StreamDelta, Sequence]]:
+        seq = self.engine.add_request(ids, params)
+        decoder = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
+        # Text that could be the start of a stop string is held back until it cannot be.
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        text, emitted = "", 0
+        try:
+            while not seq.is_finished:
+                self.engine.step()
+                token_id = seq.output_token_ids[-1]
+                text += decoder.push(token_id)
+                if seq.is_finished:
+                    text += decoder.flush()
+                if params.stop and (cut := _find_stop(text, params.stop, max(0, emitted - hold))) >= 0:
+                    text = text[:cut]
+                    self.engine.finish(seq, "stop")
+                end = len(text) if seq.is_finished else max(emitted, len(text) - hold)
+                delta, emitted = text[emitted:end], end
+                yield StreamDelta(delta, token_id, seq.finish_reason), seq
+        finally:
+            self.engine.finish(seq, "abort")  # no-op when already finished
+
+    # ---- scoring -------------------------------------------------------------------------
+
+    def score(self, token_ids: list[int]) -> list[float | None]:
+        """log p(ids[i] | ids[:i]) for every position; the first entry is None."""
+        return [None if e is None else e.logprob for e in self.prompt_logprobs(token_ids)]
+
+    def prompt_logprobs(self, token_ids: list[int], top: int = 0) -> list[PositionLogprob | None]:
+        self.engine.validate_prompt(token_ids)
+        return self.runner.prompt_logprobs(list(token_ids), top)
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int:
+    """Index of the earliest stop string in text[start:], or -1."""
+    hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+    return min(hits, default=-1)

@@ -1,0 +1,89 @@
+"""Gemma self-attention over the static cache: fused QKV, q/k/v norms, RoPE, GQA.
+
+Owns one layer's projections and the attention maths. The cache decides which keys exist
+(`KVCache.update`, `AttentionMetadata.masks`); KV-shared layers get their source layer's
+keys and values handed in and own no K/V weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.models.layers import RMSNorm, apply_rope
+from fastgemma.models.spec import ArchSpec
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ArchSpec, layer_idx: int):
+        super().__init__()
+        layer = spec.layers[layer_idx]
+        self.layer_idx, self.kv_shared, self.k_eq_v = layer_idx, layer.kv_shared, layer.k_eq_v
+        self.layer_type = layer.layer_type
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, layer.num_kv_heads, layer.head_dim
+        self.scaling, self.softcap = spec.attn_scaling, spec.attn_softcap
+        q_out = self.num_heads * self.head_dim
+        kv_out = self.num_kv_heads * self.head_dim
+        # Fused projection rows: [q | k | v]; a shared layer has only q, a k_eq_v layer no v.
+        self.q_size, self.kv_size = q_out, (0 if self.kv_shared else kv_out)
+        num_v = 0 if (self.kv_shared or self.k_eq_v) else kv_out
+        self.qkv_proj = nn.Linear(spec.hidden_size, q_out + self.kv_size + num_v, bias=False)
+        self.o_proj = nn.Linear(q_out, spec.hidden_size, bias=False)
+        use_rsqrt = spec.family == "gemma3"
+        eps = spec.rms_norm_eps
+        self.q_norm = RMSNorm(self.head_dim, eps, use_rsqrt=use_rsqrt)
+        self.k_norm = None if self.kv_shared else RMSNorm(self.head_dim, eps, use_rsqrt=use_rsqrt)
+        self.v_norm = (
+            RMSNorm(self.head_dim, eps, with_scale=False, use_rsqrt=use_rsqrt)
+            if spec.v_norm and not self.kv_shared
+            else None
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, D]
+        cos: torch.Tensor,  # [T, hd]
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: KVCache,
+        shared_kv: KV | None,
+    ) -> tuple[torch.Tensor, KV]:
+        T = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, q + k (+ v)]
+        q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
+        q = apply_rope(self.q_norm(q), cos, sin).transpose(0, 1)  # [H, T, hd]
+        if self.kv_shared:
+            assert shared_kv is not None, f"layer {self.layer_idx} is KV-shared but got no K/V"
+            keys, values = shared_kv
+        else:
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
+            v = k if self.k_eq_v else qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
+            k = apply_rope(self.k_norm(k), cos, sin)
+            if self.v_norm is not None:
+                v = self.v_norm(v)
+            keys, values = cache.update(self.layer_idx, k.transpose(0, 1), v.transpose(0, 1), meta)  # [Hkv, S, hd]
+        out = attend(q, keys, values, meta.masks[self.layer_type], self.scaling, self.softcap)  # [H, T, hd]
+        out = self.o_proj(out.transpose(0, 1).reshape(T, self.num_heads * self.head_dim))
+        return out, (keys, values)
+
+
+def attend(
+    q: torch.Tensor,  # [H, T, hd]
+    k: torch.Tensor,  # [Hkv, S, hd]
+    v: torch.Tensor,  # [Hkv, S, hd]
+    mask: torch.Tensor,  # [T, S] bool, True = visible
+    scaling: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
+    # Logit softcapping (Gemma 2 style configs) has no SDPA path: explicit softmax in fp32.
+    groups = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+    scores = torch.tanh(q @ k.transpose(1, 2) * scaling / softcap) * softcap  # [H, T, S]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v

@@ -1,0 +1,172 @@
+"""The Gemma 3 / Gemma 4 text decoder: embeddings, decoder layers, final norm, logits.
+
+One module covers both families; `ArchSpec` says which features are on. The input path is
+split so that multimodal soft tokens can be merged without touching the decoder:
+
+    embeds, ple_ids = model.embed(input_ids, soft_embeds, soft_mask)   # merge happens here
+    hidden = model(embeds, ple_ids, meta, cache, keep)                  # [len(keep), D]
+    logits = model.compute_logits(hidden)                               # [len(keep), V]
+
+Gemma 4 per-layer embeddings (PLE), with E = the merged input embeddings:
+    tok = embed_tokens_per_layer(ple_ids) * sqrt(P)               -> [T, L, P]
+    ctx = RMSNorm_P(per_layer_model_projection(E) * D^-0.5)       -> [T, L, P]
+    ple = (ctx + tok) * 2^-0.5;  layer i receives ple[:, i]
+At soft-token positions `ple_ids` holds the pad id, as transformers does.
+
+This module owns no cache and no sampling; it reads and writes the cache it is given.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.models.attention import KV, Attention
+from fastgemma.models.layers import RMSNorm, gelu_tanh, rope_table
+from fastgemma.models.spec import ArchSpec
+
+
+class MLP(nn.Module):
+    """down(gelu_tanh(gate(x)) * up(x)) with gate and up fused into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] each
+        return self.down_proj(gelu_tanh(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ArchSpec, layer_idx: int):
+        super().__init__()
+        D, eps = spec.hidden_size, spec.rms_norm_eps
+        rsqrt = spec.family == "gemma3"
+        self.self_attn = Attention(spec, layer_idx)
+        self.mlp = MLP(D, spec.layers[layer_idx].intermediate_size)
+        self.input_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
+        self.post_attention_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
+        self.pre_feedforward_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
+        self.post_feedforward_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
+        self.has_ple = spec.per_layer_input_size > 0
+        if self.has_ple:
+            P = spec.per_layer_input_size
+            self.per_layer_input_gate = nn.Linear(D, P, bias=False)
+            self.per_layer_projection = nn.Linear(P, D, bias=False)
+            self.post_per_layer_input_norm = RMSNorm(D, eps, use_rsqrt=rsqrt)
+        # Gemma 4 stores a per-layer output scale in the checkpoint; Gemma 3 has none (1).
+        self.layer_scalar = nn.Buffer(torch.ones(1)) if spec.family == "gemma4" else None
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, D]
+        ple: torch.Tensor | None,  # [T, P]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: KVCache,
+        shared_kv: KV | None,
+    ) -> tuple[torch.Tensor, KV]:
+        attn, kv = self.self_attn(self.input_layernorm(h), cos, sin, meta, cache, shared_kv)
+        h = h + self.post_attention_layernorm(attn)
+        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        if self.has_ple:
+            gated = gelu_tanh(self.per_layer_input_gate(h)) * ple
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+        if self.layer_scalar is not None:
+            h = h * self.layer_scalar
+        return h, kv
+
+
+class GemmaForCausalLM(nn.Module):
+    def __init__(self, spec: ArchSpec, max_model_len: int):
+        super().__init__()
+        self.spec = spec
+        D, V = spec.hidden_size, spec.vocab_size
+        self.embed_tokens = nn.Embedding(V, D)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(D, spec.rms_norm_eps, use_rsqrt=spec.family == "gemma3")
+        self.lm_head = None if spec.tie_word_embeddings else nn.Linear(D, V, bias=False)
+        P, L = spec.per_layer_input_size, spec.num_layers
+        if P:
+            self.embed_tokens_per_layer = nn.Embedding(spec.vocab_size_per_layer_input, L * P)
+            self.per_layer_model_projection = nn.Linear(D, L * P, bias=False)
+            self.per_layer_projection_norm = RMSNorm(P, spec.rms_norm_eps, use_rsqrt=False)
+        # RoPE tables per layer type (fp32), sliced by position and cast at use.
+        self.rope_cos, self.rope_sin = {}, {}
+        for layer in spec.layers:
+            if layer.layer_type not in self.rope_cos:
+                cos, sin = rope_table(spec.rope[layer.layer_type], layer.head_dim, max_model_len)
+                self.rope_cos[layer.layer_type], self.rope_sin[layer.layer_type] = cos, sin
+        # Layers whose K/V a later (shared) layer reads in the same forward.
+        self.kv_sources = {layer.kv_source for layer in spec.layers if layer.kv_shared}
+
+    def to_device(self, device: torch.device) -> GemmaForCausalLM:
+        self.to(device)
+        self.rope_cos = {k: v.to(device) for k, v in self.rope_cos.items()}
+        self.rope_sin = {k: v.to(device) for k, v in self.rope_sin.items()}
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        soft_embeds: torch.Tensor | None = None,  # [N, D] already in model space (not scaled)
+        soft_mask: torch.Tensor | None = None,  # [T] bool, N True entries
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input embeddings [T, D] and the ids the per-layer embeddings look up [T]."""
+        w = self.embed_tokens.weight
+        h = self.embed_tokens(input_ids) * torch.tensor(self.spec.embed_scale, dtype=w.dtype)
+        ple_ids = input_ids
+        if soft_embeds is not None:
+            assert soft_mask is not None and int(soft_mask.sum()) == soft_embeds.shape[0]
+            h = h.masked_scatter(soft_mask[:, None], soft_embeds.to(h.dtype))
+            ple_ids = input_ids.masked_fill(soft_mask, self.spec.pad_token_id)
+        return h, ple_ids
+
+    def per_layer_inputs(self, embeds: torch.Tensor, ple_ids: torch.Tensor) -> torch.Tensor:
+        """[T, L, P]; see the module docstring."""
+        T, L, P = embeds.shape[0], self.spec.num_layers, self.spec.per_layer_input_size
+        scale = torch.tensor(P**0.5, dtype=self.embed_tokens_per_layer.weight.dtype)
+        tok = (self.embed_tokens_per_layer(ple_ids) * scale).view(T, L, P)
+        ctx = self.per_layer_model_projection(embeds) * self.spec.hidden_size**-0.5
+        ctx = self.per_layer_projection_norm(ctx.view(T, L, P))
+        return (ctx + tok) * 2.0**-0.5
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [T, D]
+        ple_ids: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        cache: KVCache,
+        keep: torch.Tensor | None = None,  # [K] chunk indices whose hidden states are returned; None = all
+    ) -> torch.Tensor:
+        ple = self.per_layer_inputs(embeds, ple_ids) if self.spec.per_layer_input_size else None
+        dtype, pos = embeds.dtype, meta.positions
+        rope = {t: (self.rope_cos[t][pos].to(dtype), self.rope_sin[t][pos].to(dtype)) for t in self.rope_cos}
+        h, shared = embeds, {}
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope[self.spec.layers[i].layer_type]
+            src = self.spec.layers[i].kv_source
+            h, kv = layer(h, None if ple is None else ple[:, i], cos, sin, meta, cache, shared.get(src))
+            if i in self.kv_sources:
+                shared[i] = kv
+        if keep is not None:
+            h = h[keep]
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[K, D] normed hidden states -> [K, V] logits (softcapped when the config says so)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = hidden @ weight.t()
+        cap = self.spec.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

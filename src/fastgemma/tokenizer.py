@@ -1,0 +1,100 @@
+"""Text <-> token ids and chat formatting, on top of the model folder's Hugging Face tokenizer.
+
+Owns: encoding (with or without the model's special tokens), decoding, the chat template
+(the folder's own; Gemma's turn format when it has none, as the embedded GGUF), and
+UTF-8-safe incremental detokenisation for streaming. A model folder without tokenizer files
+still loads: token-id prompts work, decoded text is empty, and a text prompt raises a
+`ValueError` saying so. The engine never sees text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+GEMMA_TURN_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set system = namespace(text='') -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'system' -%}{%- set system.text = system.text + m['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (system.text if role == 'user' else '') + m['content'] | trim"
+    " + '<end_of_turn>\n' }}"
+    "{%- if role == 'user' -%}{%- set system.text = '' -%}{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+class Tokenizer:
+    def __init__(self, hf: Any | None):
+        self.hf = hf
+        self.has_chat_template = hf is not None and bool(getattr(hf, "chat_template", None))
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> Tokenizer:
+        files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+        if not any((folder / f).is_file() for f in files):
+            return cls(None)
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(folder))
+
+    @property
+    def available(self) -> bool:
+        return self.hf is not None
+
+    def _require(self) -> Any:
+        if self.hf is None:
+            raise ValueError("this model folder has no tokenizer files; pass token ids instead of text")
+        return self.hf
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._require().encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.hf is None:
+            return ""
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The piece of one token as text (for logprob listings)."""
+        if self.hf is None:
+            return ""
+        return self.hf.decode([token_id], skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text (it starts with <bos>; encode it with add_special_tokens=False)."""
+        hf = self._require()
+        template = None if self.has_chat_template else GEMMA_TURN_TEMPLATE
+        return hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
+        )
+
+
+class IncrementalDecoder:
+    """Turns a growing list of ids into text deltas that never split a UTF-8 character.
+
+    Decodes the whole output each time (exact, including SentencePiece's leading-space rules)
+    and holds back text ending in U+FFFD, the mark of an incomplete byte sequence.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.ids: list[int] = []
+        self.emitted = 0  # characters of the decoded text already returned
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.emitted = text[self.emitted :], len(text)
+        return delta
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        delta, self.emitted = text[self.emitted :], len(text)
+        return delta

@@ -1,0 +1,38 @@
+"""Checkpoint resolution and loading: from the user's `model` argument to a ready decoder.
+
+`load(config)` is the one entry point: resolve the source, read its config, build the
+`ArchSpec`, read the tensors, build the decoder, and load the tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastgemma.config import EngineConfig
+from fastgemma.models.gemma import GemmaForCausalLM
+from fastgemma.models.spec import ArchSpec, arch_spec_from_config
+from fastgemma.tokenizer import Tokenizer
+from fastgemma.weights.checkpoint import generation_eos_ids, gguf_meta_folder, iter_tensors, load_config
+from fastgemma.weights.loader import load_model
+from fastgemma.weights.source import ModelSource, resolve_model
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    spec: ArchSpec
+    model: GemmaForCausalLM
+    tokenizer: Tokenizer
+    max_model_len: int
+
+
+def load(config: EngineConfig) -> LoadedModel:
+    source = resolve_model(config.model)
+    hf_config = load_config(source)
+    spec = arch_spec_from_config(hf_config, extra_eos_ids=generation_eos_ids(source))
+    max_model_len = config.resolve_max_model_len(spec.max_position_embeddings)
+    tensors = dict(iter_tensors(source))
+    model = load_model(spec, tensors, config.torch_dtype(), config.torch_device(), max_model_len)
+    del tensors
+    folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
+    return LoadedModel(source, spec, model, Tokenizer.from_folder(folder), max_model_len)

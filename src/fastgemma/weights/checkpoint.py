@@ -1,0 +1,161 @@
+"""Read a checkpoint's config and tensors, under the Hugging Face names of the text decoder.
+
+- Folders: config.json via transformers' `AutoConfig`; tensors from `model.safetensors` or a
+  sharded `model.safetensors.index.json`. Prefixes of the multimodal / causal-LM wrappers
+  (`model.language_model.`, `language_model.model.`, `model.`) are stripped, so every source
+  yields `embed_tokens.weight`, `layers.N.self_attn.q_proj.weight`, ..., `lm_head.weight`.
+  Tensors of other towers (vision, audio) are skipped here.
+- GGUF (architecture gemma3): tensors dequantised to fp32 with `gguf`, renamed from
+  llama.cpp's names, and norm weights minus 1 (llama.cpp stores Gemma's (1 + w)). The config
+  and tokenizer are converted by transformers once and cached beside the file's cache entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastgemma.weights.source import ModelSource, cache_dir
+
+_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+_OTHER_TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio", "multi_modal_projector")
+
+_GGUF_NAMES = {
+    "token_embd": "embed_tokens",
+    "output_norm": "norm",
+    "output": "lm_head",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def text_name(name: str) -> str | None:
+    """Checkpoint name -> decoder name, or None for tensors outside the text decoder."""
+    if name.startswith(_OTHER_TOWERS) or any(f".{t}" in name for t in _OTHER_TOWERS):
+        return None
+    if name == "lm_head.weight":
+        return name
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def gguf_meta_folder(path: Path) -> Path:
+    """A cached folder with config.json and tokenizer files converted from the GGUF's metadata."""
+    st = path.stat()
+    folder = cache_dir() / "gguf" / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}"
+    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        return folder
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as e:
+        raise ValueError(f"cannot read GGUF metadata from {path}: {e}") from e
+    # Written aside and renamed, so a concurrent or interrupted first run never leaves half a folder.
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder
+
+
+def load_config(source: ModelSource) -> Any:
+    from transformers import AutoConfig
+
+    folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except Exception as e:  # unknown model_type, malformed json...
+        model_type = _raw_model_type(folder)
+        raise ValueError(f"cannot load the config of {source.name} (model_type {model_type!r}): {e}") from e
+
+
+def _raw_model_type(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def generation_eos_ids(source: ModelSource) -> list[int]:
+    """eos ids from generation_config.json (what vLLM stops on), plus Gemma's <end_of_turn>."""
+    folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
+    ids: list[int] = []
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id", [])
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if source.kind == "gguf":
+        ids.append(106)  # <end_of_turn>: the GGUF carries no generation config
+    return ids
+
+
+def iter_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
+    """(decoder name, tensor) for every text-decoder tensor of the checkpoint."""
+    if source.kind == "gguf":
+        yield from _iter_gguf(source.path)
+    else:
+        yield from _iter_safetensors(source.path)
+
+
+def _iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} has no .safetensors weights (pytorch .bin checkpoints are not supported)")
+    for file in files:
+        with safe_open(folder / file, framework="pt") as f:
+            for name in f.keys():
+                if (mapped := text_name(name)) is not None:
+                    yield mapped, f.get_tensor(name)
+
+
+def _iter_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "gemma3":
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; fastgemma reads gemma3 GGUFs")
+    for t in reader.tensors:
+        m = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.weight", t.name)
+        if m is None or m.group(2) not in _GGUF_NAMES:
+            raise ValueError(f"{path}: unexpected GGUF tensor {t.name}")
+        layer, base = m.groups()
+        name = _GGUF_NAMES[base] + ".weight"
+        if layer is not None:
+            name = f"layers.{layer}.{name}"
+        array = gguf.quants.dequantize(t.data, t.tensor_type)  # numpy fp32, [out, in] for matrices
+        tensor = torch.from_numpy(array.copy())
+        if base.endswith("norm"):
+            tensor = tensor - 1.0  # llama.cpp stores Gemma norms as 1 + w
+        yield name, tensor

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny random checkpoints, the embedded model, the challenge data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import tiny_models
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def challenge_file(name: str) -> Path:
+    path = DATA / name
+    if not path.is_file():
+        pytest.fail(f"challenge data {path} is missing (expected beside the repository in shared/data)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def eval_prompts() -> list[str]:
+    items = json.loads(challenge_file("eval_prompts_sharegpt.json").read_text())
+    return [next(t["value"] for t in item["conversations"] if t["from"] == "human") for item in items]
+
+
+@pytest.fixture(scope="session")
+def ppl_records() -> list[dict]:
+    lines = challenge_file("ppl_ground_truth_tokens.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def tiny_e4b(tmp_path_factory) -> Path:
+    return tiny_models.save_tiny(tiny_models.gemma4_e4b_like_config(), tmp_path_factory.mktemp("e4b"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_e2b(tmp_path_factory) -> Path:
+    return tiny_models.save_tiny(tiny_models.gemma4_e2b_like_config(), tmp_path_factory.mktemp("e2b"), seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory) -> Path:
+    return tiny_models.save_tiny(tiny_models.gemma3_config(), tmp_path_factory.mktemp("g3"), seed=3)
+
+
+@pytest.fixture(scope="session")
+def embedded_llm_fp32():
+    from fastgemma import LLM
+
+    return LLM(dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def embedded_reference():
+    """transformers' Gemma 3 on the same GGUF, fp32 eager (its GGUF loader dequantises)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from fastgemma.weights.source import embedded_model_path
+
+    path = embedded_model_path()
+    return AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
