@@ -78,7 +78,7 @@ class LLM:
         outputs = []
         for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
             text, token_ids, reason, seq = "", [], None, None
-            for delta, seq in self._run(ids, params):
+            for delta, seq in self.stream_ids(ids, params):
                 text += delta.text
                 if delta.token_id is not None:
                     token_ids.append(delta.token_id)
@@ -92,10 +92,12 @@ class LLM:
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield text deltas as tokens are generated; closing the iterator cancels the request."""
-        for delta, _ in self._run(self.encode_prompt(prompt), sampling_params or SamplingParams()):
+        for delta, _ in self.stream_ids(self.encode_prompt(prompt), sampling_params or SamplingParams()):
             yield delta
 
-    def _run(self, ids: list[int], params: SamplingParams) -> Iterator[tuple[StreamDelta, Sequence]]:
+    def stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[tuple[StreamDelta, Sequence]]:
+        """Run one token-id prompt; yield each step's delta with the live `Sequence`
+        (its `output_logprobs` when `params.logprobs` is set). Closing the iterator aborts it."""
         seq = self.engine.add_request(ids, params)
         decoder = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
         # Text that could be the start of a stop string is held back until it cannot be.

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fastgemma.models.spec import SUPPORTED_MODEL_TYPES
 from fastgemma.weights.source import ModelSource, cache_dir
 
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
@@ -85,11 +86,16 @@ def load_config(source: ModelSource) -> Any:
     from transformers import AutoConfig
 
     folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
+    model_type = _raw_model_type(folder)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"unsupported model_type {model_type!r} in {folder / 'config.json'}; fastgemma supports: "
+            + ", ".join(SUPPORTED_MODEL_TYPES)
+        )
     try:
         return AutoConfig.from_pretrained(folder)
-    except Exception as e:  # unknown model_type, malformed json...
-        model_type = _raw_model_type(folder)
-        raise ValueError(f"cannot load the config of {source.name} (model_type {model_type!r}): {e}") from e
+    except Exception as e:  # malformed or inconsistent config
+        raise ValueError(f"cannot load the config of {source.name}: {e}") from e
 
 
 def _raw_model_type(folder: Path) -> str | None:

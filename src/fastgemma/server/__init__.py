@@ -1,0 +1,14 @@
+"""An OpenAI-compatible HTTP server over `fastgemma.LLM` (`fastgemma serve`).
+
+- `build_app(llm, ...)`: the FastAPI app (routes in `app.py`, schemas in `protocol.py`);
+- `run_server(model, host, port, ...)`: load the model and serve it with uvicorn (`serve.py`);
+- `ServerThread(llm, ...)`: the same app on a background thread (tests, benchmarks).
+
+All engine work runs on one worker thread, one request at a time, in arrival order
+(`worker.py`); a bounded queue answers 429 when full.
+"""
+
+from fastgemma.server.app import build_app
+from fastgemma.server.serve import ServerThread, run_server, settings_from_env
+
+__all__ = ["build_app", "run_server", "settings_from_env", "ServerThread"]

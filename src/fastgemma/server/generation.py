@@ -1,0 +1,158 @@
+"""Engine-side work of one request, run on the worker thread: generate, score, format.
+
+`run_generation` drives `LLM.stream_ids` (the engine's token loop, with stop strings and
+UTF-8-safe text deltas), checks for cancellation between tokens and records the latency
+metrics. The formatters turn engine logprobs into the API's shapes; they decode token
+pieces, so they also run on the worker (the one tokenizer user besides pre-processing).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.outputs import StreamDelta
+from fastgemma.server.metrics import Metrics
+from fastgemma.server.worker import Job
+
+LOGPROB_FLOOR = -9999.0  # -inf is not JSON; vLLM clamps the same way
+
+
+@dataclass
+class Prepared:
+    """One validated prompt, ready for the engine."""
+
+    ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # 0: no generation (completions with echo)
+    prompt_text: str = ""  # for echo
+
+
+@dataclass
+class GenResult:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[dict[int, float]] | None = None  # per generated token, when requested
+    extra: dict[str, Any] = field(default_factory=dict)  # formatted logprobs etc.
+
+
+OnToken = Callable[[StreamDelta, dict[int, float] | None], None]
+
+
+def run_generation(job: Job, llm: Any, metrics: Metrics, p: Prepared, on_token: OnToken | None = None) -> GenResult:
+    """Generate for one prompt; `on_token(delta, logprobs)` after each token when streaming."""
+    job.check()
+    metrics.prompt_tokens.inc(len(p.ids))
+    result = GenResult()
+    if p.max_tokens == 0:
+        result.finish_reason = "length"
+        result.logprobs = [] if p.params.logprobs is not None else None
+        return result
+    parts: list[str] = []
+    want_lp = p.params.logprobs is not None
+    last = None
+    gen = llm.stream_ids(p.ids, p.params)
+    seq = None
+    try:
+        for delta, seq in gen:
+            t = time.perf_counter()
+            if last is None:
+                metrics.ttft.observe(t - job.arrival)
+            else:
+                metrics.itl.observe(t - last)
+            last = t
+            if delta.token_id is not None:
+                result.token_ids.append(delta.token_id)
+            if delta.finish_reason:
+                result.finish_reason = delta.finish_reason
+            parts.append(delta.text)
+            if on_token is not None:
+                on_token(delta, seq.output_logprobs[-1] if want_lp and seq.output_logprobs else None)
+            job.check()
+    finally:
+        gen.close()  # cancels the sequence in the engine when we stop early
+        metrics.generation_tokens.inc(len(result.token_ids))
+    result.text = "".join(parts)
+    if want_lp and seq is not None:
+        result.logprobs = list(seq.output_logprobs)
+    return result
+
+
+def clamp(x: float) -> float:
+    return LOGPROB_FLOOR if math.isnan(x) or x < LOGPROB_FLOOR else float(x)
+
+
+class Formatter:
+    """Logprob formatting with a cache of decoded token pieces."""
+
+    def __init__(self, tokenizer: Any):
+        self.piece = lru_cache(maxsize=1 << 16)(tokenizer.token_text)
+
+    def prompt_logprobs(self, ids: list[int], entries: list[Any]) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's prompt_logprobs: None, then {id: {logprob, rank, decoded_token}} with the actual token first."""
+        out: list[dict[str, dict[str, Any]] | None] = []
+        for pos, entry in enumerate(entries):
+            if entry is None:
+                out.append(None)
+                continue
+            actual = ids[pos]
+            d = {str(actual): {"logprob": clamp(entry.logprob), "rank": entry.rank, "decoded_token": self.piece(actual)}}
+            for rank, (tid, lp) in enumerate(entry.top, start=1):
+                key = str(tid)
+                if key not in d:
+                    d[key] = {"logprob": clamp(lp), "rank": rank, "decoded_token": self.piece(tid)}
+            out.append(d)
+        return out
+
+    def completion_logprobs(
+        self,
+        token_ids: list[int],
+        token_lps: list[dict[int, float] | None],
+        start_offset: int = 0,
+    ) -> dict[str, Any]:
+        """OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset.
+
+        `token_lps[i]` holds token i's own logprob and its top alternatives (None: no logprob,
+        the first prompt token under echo).
+        """
+        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+        offset = start_offset
+        for tid, lps in zip(token_ids, token_lps):
+            piece = self.piece(tid)
+            tokens.append(piece)
+            text_offset.append(offset)
+            offset += len(piece)
+            if lps is None:
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(clamp(lps.get(tid, LOGPROB_FLOOR)))
+            top: dict[str, float] = {}
+            for alt, lp in sorted(lps.items(), key=lambda kv: -kv[1]):
+                top.setdefault(self.piece(alt), clamp(lp))
+            top_logprobs.append(top)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset}
+
+    def chat_logprobs(self, token_ids: list[int], token_lps: list[dict[int, float]], top_n: int) -> dict[str, Any]:
+        content = []
+        for tid, lps in zip(token_ids, token_lps):
+            piece = self.piece(tid)
+            alts = sorted(lps.items(), key=lambda kv: -kv[1])[:top_n] if top_n else []
+            content.append(
+                {
+                    "token": piece,
+                    "logprob": clamp(lps.get(tid, LOGPROB_FLOOR)),
+                    "bytes": list(piece.encode("utf-8")),
+                    "top_logprobs": [
+                        {"token": self.piece(a), "logprob": clamp(lp), "bytes": list(self.piece(a).encode("utf-8"))}
+                        for a, lp in alts
+                    ],
+                }
+            )
+        return {"content": content}

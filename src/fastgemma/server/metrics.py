@@ -1,0 +1,61 @@
+"""Prometheus metrics of one server, served at `GET /metrics`.
+
+Each app gets its own `CollectorRegistry`, so several servers (tests) can live in one
+process. Names are prefixed `fastgemma:` like vLLM's `vllm:` metrics.
+
+- requests by endpoint and HTTP status; prompt and generated tokens;
+- time to first token (from arrival, so queueing is included) and inter-token latency;
+- end-to-end request latency; queue depth (waiting) and requests running.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, {"model_name": model_name}
+        self.requests = Counter(
+            "fastgemma:requests", "HTTP requests answered, by endpoint and status code.",
+            ["model_name", "endpoint", "status"], registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "fastgemma:prompt_tokens", "Prompt tokens processed.", ["model_name"], registry=r
+        ).labels(**labels)
+        self.generation_tokens = Counter(
+            "fastgemma:generation_tokens", "Tokens generated.", ["model_name"], registry=r
+        ).labels(**labels)
+        self.ttft = Histogram(
+            "fastgemma:time_to_first_token_seconds", "Arrival to first generated token (queueing included).",
+            ["model_name"], buckets=TTFT_BUCKETS, registry=r,
+        ).labels(**labels)
+        self.itl = Histogram(
+            "fastgemma:inter_token_latency_seconds", "Time between consecutive generated tokens.",
+            ["model_name"], buckets=ITL_BUCKETS, registry=r,
+        ).labels(**labels)
+        self.e2e = Histogram(
+            "fastgemma:e2e_request_latency_seconds", "Arrival to the end of engine work for a request.",
+            ["model_name"], buckets=E2E_BUCKETS, registry=r,
+        ).labels(**labels)
+        self.queue_depth = Gauge(
+            "fastgemma:num_requests_waiting", "Requests queued for the engine.", ["model_name"], registry=r
+        ).labels(**labels)
+        self.running = Gauge(
+            "fastgemma:num_requests_running", "Requests the engine is working on (0 or 1).", ["model_name"], registry=r
+        ).labels(**labels)
+        self.model_name = model_name
+
+    def count_request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(self.model_name, endpoint, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

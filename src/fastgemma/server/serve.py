@@ -1,0 +1,142 @@
+"""Run the server: `run_server(...)` (what `fastgemma serve` calls) and `ServerThread` (tests).
+
+    run_server(model=None, host="127.0.0.1", port=8000, served_model_name=None,
+               api_key=None, dtype="auto", max_model_len=None, max_queue=64)
+
+`settings_from_env` fills unset options from the environment (`MODEL_ID`,
+`SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_QUEUE = 64
+
+log = logging.getLogger("fastgemma.server")
+
+
+def settings_from_env(
+    model: str | None = None,
+    served_model_name: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    environ: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Explicit values win; else $MODEL_ID, $SERVED_MODEL_NAME, $HOST, $PORT; else defaults.
+
+    Returns keyword arguments for `run_server` (model, served_model_name, host, port).
+    Raises ValueError for a PORT that is not an integer in [0, 65535].
+    """
+    env = os.environ if environ is None else environ
+    port_value: Any = port if port is not None else env.get("PORT") or DEFAULT_PORT
+    try:
+        port_int = int(port_value)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid port {port_value!r}: give an integer in [0, 65535]") from None
+    if not 0 <= port_int <= 65535:
+        raise ValueError(f"invalid port {port_int}: give an integer in [0, 65535]")
+    return {
+        "model": model if model is not None else (env.get("MODEL_ID") or None),
+        "served_model_name": served_model_name if served_model_name is not None else (env.get("SERVED_MODEL_NAME") or None),
+        "host": host if host is not None else (env.get("HOST") or DEFAULT_HOST),
+        "port": port_int,
+    }
+
+
+def run_server(
+    model: str | None = None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    log_level: str = "info",
+) -> None:
+    """Load the model and serve it until interrupted (blocking).
+
+    Raises ValueError for a bad model, dtype, max_model_len or max_queue (before binding).
+    """
+    import uvicorn
+
+    from fastgemma import LLM
+    from fastgemma.server.app import build_app
+
+    if max_queue < 1:
+        raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
+    llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len)
+    app = build_app(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue)
+    name = app.state.fastgemma.served_model_name
+    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}) on http://{host}:{port}/v1", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+class ServerThread:
+    """The app for an already loaded `LLM`, served by uvicorn on a background thread.
+
+        with ServerThread(llm, max_queue=4) as server:
+            requests.get(server.url + "/v1/models")
+
+    Binds `host:port` (port 0: a free one) before starting, so `url` is usable at once.
+    """
+
+    def __init__(
+        self,
+        llm: Any,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        log_level: str = "warning",
+    ):
+        import uvicorn
+
+        from fastgemma.server.app import build_app
+
+        self.app = build_app(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level=log_level, timeout_graceful_shutdown=2, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.fastgemma
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
