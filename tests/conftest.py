@@ -47,6 +47,41 @@ def tiny_gemma3(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_text_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Gemma 3 with the real Gemma tokenizer (vocab 262144): text prompts work."""
+    import shutil
+
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from fastgemma.weights.checkpoint import gguf_meta_folder
+    from fastgemma.weights.source import embedded_model_path
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-gemma3-text"
+    config = Gemma3TextConfig(
+        vocab_size=262144,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=16,
+        max_position_embeddings=1024,
+        layer_types=["sliding_attention", "full_attention"],
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    torch.manual_seed(1234)
+    Gemma3ForCausalLM(config).save_pretrained(folder)
+    tokenizer_folder = gguf_meta_folder(embedded_model_path())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_folder / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def embedded_llm_fp32():
     from fastgemma import LLM
 

@@ -7,12 +7,28 @@ naming the accepted ones. Nothing mutates a config after construction.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
+
+
+def physical_cores() -> int:
+    """Distinct (physical id, core id) pairs in /proc/cpuinfo; os.cpu_count() elsewhere."""
+    cores, phys = set(), "0"
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() == "physical id":
+                phys = value.strip()
+            elif key.strip() == "core id":
+                cores.add((phys, value.strip()))
+    except OSError:
+        pass
+    return len(cores) or os.cpu_count() or 1
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -31,12 +47,18 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output tokens; None = min(model maximum, 32768)
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None = cuda when available
     prefill_chunk: int = 512  # prompt tokens per prefill forward (bounds activation memory)
+    kernels: str = "auto"  # auto: fastgemma's CPU GEMV where the CPU has AVX-512 BF16; torch: stock only
+    threads: int | None = None  # CPU threads; None = the physical cores
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"invalid dtype {self.dtype!r}; use one of: auto, bfloat16, float32")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2 (got {self.max_model_len!r})")
+        if self.kernels not in ("auto", "torch"):
+            raise ValueError(f"invalid kernels {self.kernels!r}; use auto or torch")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 (got {self.threads})")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if self.device is not None:

@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence as Seq
 from typing import Any
 
-from fastgemma.config import EngineConfig
+import torch
+
+from fastgemma.config import EngineConfig, physical_cores
 from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence
+from fastgemma.kernels import native
 from fastgemma.outputs import CompletionOutput, RequestOutput, StreamDelta
 from fastgemma.tokenizer import IncrementalDecoder
 from fastgemma.weights import load
@@ -34,11 +37,17 @@ class LLM:
         max_model_len: int | None = None,
         device: str | None = None,
         prefill_chunk: int = 512,
+        kernels: str = "auto",
+        threads: int | None = None,
     ):
         self.config = EngineConfig(
-            model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk
+            model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk,
+            kernels=kernels, threads=threads,
         )
+        if self.config.torch_device().type == "cpu":
+            torch.set_num_threads(self.config.threads or physical_cores())
         loaded = load(self.config)
+        loaded.model.set_native_kernels(self.config.kernels == "auto" and native.load() is not None)
         self.source, self.spec, self.tokenizer = loaded.source, loaded.spec, loaded.tokenizer
         self.model = loaded.model
         self.max_model_len = loaded.max_model_len

@@ -9,7 +9,6 @@ server), so references never touch the served engine from another thread.
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import httpx
@@ -20,37 +19,6 @@ from fastgemma import LLM
 from fastgemma.server import ServerThread
 
 API_KEY = "test-secret-key"
-
-
-@pytest.fixture(scope="session")
-def tiny_text_model(tmp_path_factory: pytest.TempPathFactory):
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    from fastgemma.weights.checkpoint import gguf_meta_folder
-    from fastgemma.weights.source import embedded_model_path
-
-    folder = tmp_path_factory.mktemp("models") / "tiny-gemma3-text"
-    config = Gemma3TextConfig(
-        vocab_size=262144,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        sliding_window=16,
-        max_position_embeddings=1024,
-        layer_types=["sliding_attention", "full_attention"],
-        bos_token_id=2,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
-    torch.manual_seed(1234)
-    Gemma3ForCausalLM(config).save_pretrained(folder)
-    tokenizer_folder = gguf_meta_folder(embedded_model_path())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_folder / name, folder / name)
-    return folder
 
 
 @pytest.fixture(scope="session")

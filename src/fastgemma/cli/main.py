@@ -7,6 +7,7 @@ exits with code 2; nothing else is printed for it.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -87,6 +88,45 @@ def serve(
         run_server(**settings, api_key=api_key, dtype=dtype, max_model_len=max_model_len, max_queue=max_queue)
     except ValueError as e:
         _fail(str(e))
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print a table and a final JSON line.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("decode")
+def bench_decode(
+    model: Optional[str] = ModelOpt,
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="sharegpt JSON (default: the challenge prompts)."),
+    num_prompts: int = typer.Option(4, "--num-prompts"),
+    output_len: int = typer.Option(256, "--output-len", help="Tokens generated per prompt (EOS ignored)."),
+    compare: str = typer.Option("", "--compare", help="Comma-separated: transformers,llama.cpp."),
+    dtype: str = DtypeOpt,
+    repetitions: int = typer.Option(1, "--repetitions", help="Passes over the prompts."),
+    warmup: int = typer.Option(1, "--warmup", help="Untimed short runs per engine first."),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the greedy comparison with torch's stock kernels."),
+    as_json: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Batch-1 prefill and decode speed, fastgemma side by side with other engines.
+
+    Timed per prompt and engine: TTFT = from the request until the first generated token (prefill + first sample); prefill tok/s = prompt tokens / TTFT; decode tok/s = (OUTPUT_LEN - 1) / time from the first to the last of OUTPUT_LEN greedy tokens (EOS ignored). Medians (± stdev) over prompts x repetitions, engines alternating prompt by prompt. Model load and warm-up are not timed.
+
+    Also reported: the bytes one fastgemma decode step reads (its cost model), the GB/s that implies and its share of the read bandwidth measured in the same run, and whether fastgemma's greedy tokens equal those of the same model on torch's stock kernels, prompt by prompt.
+    """
+    from fastgemma.bench.decode import DecodeBenchConfig, render_table, run_decode_bench
+
+    try:
+        cfg = DecodeBenchConfig(
+            model=model, prompts=prompts, num_prompts=num_prompts, output_len=output_len,
+            compare=tuple(c.strip() for c in compare.split(",") if c.strip()), dtype=dtype,
+            repetitions=repetitions, warmup=warmup, check_identity=not no_check,
+        )
+        result = run_decode_bench(cfg, log=(lambda *_: None) if as_json else (lambda m: typer.echo(m, err=True)))
+    except ValueError as e:
+        _fail(str(e))
+    if not as_json:
+        render_table(result)
+    typer.echo(json.dumps(result))
 
 
 def main() -> None:

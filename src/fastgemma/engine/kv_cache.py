@@ -12,7 +12,8 @@ Layout (one sequence at a time, so no batch dimension):
 - KV-shared layers (Gemma 4) have no buffers: they attend over their source layer's K/V.
 
 Writing a chunk of T tokens at positions start..end-1:
-- T == 1 (decode): write the slot, attend over the whole buffer with a mask;
+- T == 1 (decode): write the slot, attend over every written slot (no mask needed: a ring
+  holds exactly the last W positions, all visible);
 - T > 1 on a ring: attend over [ring before the chunk ; the chunk's own K/V], then write the
   chunk's last min(T, W) tokens into the ring. Queries in the chunk may need positions the
   chunk is about to overwrite, hence attend-then-write.
@@ -36,7 +37,7 @@ class AttentionMetadata:
     start: int  # position of the chunk's first token
     end: int  # one past the chunk's last token
     positions: torch.Tensor  # [T] int64
-    masks: dict[str, torch.Tensor]  # layer type -> [T, S] bool, S = keys returned by update()
+    masks: dict[str, torch.Tensor | None]  # layer type -> [T, S] bool (S = keys update() returns); None: all visible
 
     @property
     def num_tokens(self) -> int:
@@ -71,16 +72,17 @@ class KVCache:
         if end > self.max_model_len:
             raise ValueError(f"sequence of {end} tokens exceeds max_model_len={self.max_model_len}")
         q = torch.arange(start, end, device=self.device)  # [T]
-        masks = {}
         layer_types = {layer.layer_type for layer in self.spec.layers}
+        masks: dict[str, torch.Tensor | None] = {}
+        if num_tokens == 1:
+            # Decode: update() returns exactly the keys this query may see (full: 0..end-1;
+            # ring: the last min(end, W) positions), so no mask is needed.
+            return AttentionMetadata(start=start, end=end, positions=q, masks=dict.fromkeys(layer_types))
         if FULL in layer_types:
             k = torch.arange(end, device=self.device)  # [end]
             masks[FULL] = k[None, :] <= q[:, None]
         if SLIDING in layer_types:
-            if num_tokens == 1:
-                k = self.ring_positions(end)
-            else:
-                k = torch.cat([self.ring_positions(start)[: min(start, self.window)], q])
+            k = torch.cat([self.ring_positions(start)[: min(start, self.window)], q])
             masks[SLIDING] = (k[None, :] <= q[:, None]) & (k[None, :] >= 0) & (q[:, None] - k[None, :] < self.window)
         return AttentionMetadata(start=start, end=end, positions=q, masks=masks)
 
@@ -100,7 +102,7 @@ class KVCache:
             slot = start % W
             ck[:, slot] = k[:, 0]
             cv[:, slot] = v[:, 0]
-            return ck, cv
+            return ck[:, : min(end, W)], cv[:, : min(end, W)]  # until the ring fills, slot = position
         n_old = min(start, W)  # ring slots written before this chunk
         keys = torch.cat([ck[:, :n_old], k], dim=1)  # [Hkv, n_old + T, hd]
         values = torch.cat([cv[:, :n_old], v], dim=1)

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.kernels.attention import attend_decode
+from fastgemma.kernels.linear import Linear
 from fastgemma.models.layers import RMSNorm, apply_rope
 from fastgemma.models.spec import ArchSpec
 
@@ -19,6 +21,8 @@ KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class Attention(nn.Module):
+    use_native = False  # single-query attention through kernels/cpu_attention.c (set by the model)
+
     def __init__(self, spec: ArchSpec, layer_idx: int):
         super().__init__()
         layer = spec.layers[layer_idx]
@@ -31,8 +35,8 @@ class Attention(nn.Module):
         # Fused projection rows: [q | k | v]; a shared layer has only q, a k_eq_v layer no v.
         self.q_size, self.kv_size = q_out, (0 if self.kv_shared else kv_out)
         num_v = 0 if (self.kv_shared or self.k_eq_v) else kv_out
-        self.qkv_proj = nn.Linear(spec.hidden_size, q_out + self.kv_size + num_v, bias=False)
-        self.o_proj = nn.Linear(q_out, spec.hidden_size, bias=False)
+        self.qkv_proj = Linear(spec.hidden_size, q_out + self.kv_size + num_v)
+        self.o_proj = Linear(q_out, spec.hidden_size)
         use_rsqrt = spec.family == "gemma3"
         eps = spec.rms_norm_eps
         self.q_norm = RMSNorm(self.head_dim, eps, use_rsqrt=use_rsqrt)
@@ -66,7 +70,11 @@ class Attention(nn.Module):
             if self.v_norm is not None:
                 v = self.v_norm(v)
             keys, values = cache.update(self.layer_idx, k.transpose(0, 1), v.transpose(0, 1), meta)  # [Hkv, S, hd]
-        out = attend(q, keys, values, meta.masks[self.layer_type], self.scaling, self.softcap)  # [H, T, hd]
+        mask = meta.masks[self.layer_type]
+        if self.use_native and T == 1 and self.softcap is None:
+            out = attend_decode(q, keys, values, self.scaling)  # [H, 1, hd], fastgemma's CPU kernel
+        else:
+            out = attend(q, keys, values, mask, self.scaling, self.softcap)  # [H, T, hd]
         out = self.o_proj(out.transpose(0, 1).reshape(T, self.num_heads * self.head_dim))
         return out, (keys, values)
 
@@ -75,15 +83,21 @@ def attend(
     q: torch.Tensor,  # [H, T, hd]
     k: torch.Tensor,  # [Hkv, S, hd]
     v: torch.Tensor,  # [Hkv, S, hd]
-    mask: torch.Tensor,  # [T, S] bool, True = visible
+    mask: torch.Tensor | None,  # [T, S] bool, True = visible; None = every key visible
     scaling: float,
     softcap: float | None,
 ) -> torch.Tensor:
-    if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
-    # Logit softcapping (Gemma 2 style configs) has no SDPA path: explicit softmax in fp32.
-    groups = q.shape[0] // k.shape[0]
-    k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
-    scores = torch.tanh(q @ k.transpose(1, 2) * scaling / softcap) * softcap  # [H, T, S]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    H, T, hd = q.shape
+    Hkv = k.shape[0]
+    if T == 1 or softcap is not None:
+        # Decode (and softcapped configs): the reference's eager maths, with the query heads
+        # of each KV head stacked as rows so GQA needs no copy of K/V.
+        qg = q.reshape(Hkv, (H // Hkv) * T, hd)  # [Hkv, G*T, hd] (rows: head-major, then t)
+        scores = (qg @ k.transpose(1, 2)) * scaling  # [Hkv, G*T, S]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            scores = scores.view(Hkv, H // Hkv, T, -1).masked_fill(~mask, float("-inf")).view_as(scores)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return (probs @ v).view(H, T, hd)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)

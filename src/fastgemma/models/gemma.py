@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.kernels.linear import Linear, linear
 from fastgemma.models.attention import KV, Attention
 from fastgemma.models.layers import RMSNorm, gelu_tanh, rope_table
 from fastgemma.models.spec import ArchSpec
@@ -33,8 +34,8 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate)
+        self.down_proj = Linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] each
@@ -55,8 +56,8 @@ class DecoderLayer(nn.Module):
         self.has_ple = spec.per_layer_input_size > 0
         if self.has_ple:
             P = spec.per_layer_input_size
-            self.per_layer_input_gate = nn.Linear(D, P, bias=False)
-            self.per_layer_projection = nn.Linear(P, D, bias=False)
+            self.per_layer_input_gate = Linear(D, P)
+            self.per_layer_projection = Linear(P, D)
             self.post_per_layer_input_norm = RMSNorm(D, eps, use_rsqrt=rsqrt)
         # Gemma 4 stores a per-layer output scale in the checkpoint; Gemma 3 has none (1).
         self.layer_scalar = nn.Buffer(torch.ones(1)) if spec.family == "gemma4" else None
@@ -90,11 +91,11 @@ class GemmaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(V, D)
         self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(D, spec.rms_norm_eps, use_rsqrt=spec.family == "gemma3")
-        self.lm_head = None if spec.tie_word_embeddings else nn.Linear(D, V, bias=False)
+        self.lm_head = None if spec.tie_word_embeddings else Linear(D, V)
         P, L = spec.per_layer_input_size, spec.num_layers
         if P:
             self.embed_tokens_per_layer = nn.Embedding(spec.vocab_size_per_layer_input, L * P)
-            self.per_layer_model_projection = nn.Linear(D, L * P, bias=False)
+            self.per_layer_model_projection = Linear(D, L * P)
             self.per_layer_projection_norm = RMSNorm(P, spec.rms_norm_eps, use_rsqrt=False)
         # RoPE tables per layer type (fp32), sliced by position and cast at use.
         self.rope_cos, self.rope_sin = {}, {}
@@ -110,6 +111,15 @@ class GemmaForCausalLM(nn.Module):
         self.rope_cos = {k: v.to(device) for k, v in self.rope_cos.items()}
         self.rope_sin = {k: v.to(device) for k, v in self.rope_sin.items()}
         return self
+
+    use_native = False
+
+    def set_native_kernels(self, enabled: bool) -> None:
+        """Use fastgemma's CPU kernels for single-token products and attention (kernels/)."""
+        self.use_native = enabled
+        for module in self.modules():
+            if isinstance(module, (Linear, Attention)):
+                module.use_native = enabled
 
     @property
     def dtype(self) -> torch.dtype:
@@ -165,7 +175,7 @@ class GemmaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[K, D] normed hidden states -> [K, V] logits (softcapped when the config says so)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = hidden @ weight.t()
+        logits = linear(hidden, weight, self.use_native)
         cap = self.spec.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from fastgemma.models.spec import SUPPORTED_MODEL_TYPES
-from fastgemma.weights.source import ModelSource, cache_dir
+from fastgemma.paths import cache_dir
+from fastgemma.weights.source import ModelSource
 
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
 _OTHER_TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio", "multi_modal_projector")

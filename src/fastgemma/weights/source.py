@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastgemma.paths import cache_dir
+
 EMBEDDED_MODEL_NAME = "gemma-3-270m (embedded, GGUF Q4_K_M)"
 
 
@@ -25,14 +27,6 @@ class ModelSource:
     kind: str  # "folder" | "gguf"
     path: Path  # the folder, or the .gguf file
     name: str  # what the user asked for (served model name default)
-
-
-def cache_dir() -> Path:
-    """fastgemma's own cache: $FASTGEMMA_CACHE, else $XDG_CACHE_HOME/fastgemma, else ~/.cache/fastgemma."""
-    if env := os.environ.get("FASTGEMMA_CACHE"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fastgemma"
 
 
 def embedded_model_path() -> Path:

@@ -1,0 +1,1 @@
+"""Benchmarks: `fastgemma bench decode` (engines side by side, llama-bench style)."""

@@ -1,0 +1,190 @@
+"""`fastgemma bench decode`: batch-1 prefill and decode speed, engines side by side.
+
+Protocol (llama-bench style): every engine gets the same chat-formatted prompts (the first
+human turn of each sharegpt item) and generates exactly `output_len` greedy tokens with
+end-of-sequence ignored. `warmup` untimed runs per engine first; then `repetitions` passes
+over the prompts, the engines alternating prompt by prompt (their order rotating each pass)
+so that machine noise falls on all of them alike. Reported per engine: the median over runs
+of prefill tok/s (prompt tokens / time to first token), decode tok/s ((output_len - 1) /
+time from first to last token), TTFT and ms per token, each with its spread (stdev).
+For fastgemma also: the bytes a decode step reads (its cost model at the mean context),
+the GB/s that implies, and its fraction of the read bandwidth measured in the same run.
+Greedy agreement: fastgemma's outputs are compared, prompt by prompt, with the same model
+and dtype run on torch's stock kernels only (`kernels="torch"`). In fp32 they must agree;
+in bf16 our GEMV rounds differently from torch's, so a divergence there is reported, not
+hidden (the plain path of a checkpoint uses the same kernels as its fast paths).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastgemma.bench.bandwidth import read_bandwidth_gb_s
+from fastgemma.bench.cost_model import bytes_per_token
+from fastgemma.bench.engines import FastgemmaEngine, LlamaCppEngine, Timing, TransformersEngine
+from fastgemma.config import physical_cores
+
+COMPARE_ENGINES = ("transformers", "llama.cpp")
+
+
+@dataclass(frozen=True)
+class DecodeBenchConfig:
+    model: str | None = None
+    prompts: Path | None = None  # sharegpt JSON; None = the challenge prompts beside the repo
+    num_prompts: int = 4
+    output_len: int = 256
+    compare: tuple[str, ...] = ()
+    dtype: str = "auto"
+    repetitions: int = 1
+    warmup: int = 1
+    check_identity: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.compare if c not in COMPARE_ENGINES]
+        if unknown:
+            raise ValueError(f"unknown --compare engine {unknown[0]!r}; choose from {', '.join(COMPARE_ENGINES)}")
+        if self.num_prompts < 1 or self.output_len < 2 or self.repetitions < 1 or self.warmup < 0:
+            raise ValueError("need --num-prompts >= 1, --output-len >= 2, --repetitions >= 1, --warmup >= 0")
+
+
+def load_sharegpt_prompts(path: Path, n: int) -> list[str]:
+    try:
+        items = json.loads(path.read_text())
+        prompts = [next(t["value"] for t in item["conversations"] if t["from"] == "human") for item in items]
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+        raise ValueError(f"cannot read sharegpt prompts from {path}: {e}") from e
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts[:n]
+
+
+@dataclass
+class EngineRuns:
+    runs: list[tuple[int, Timing]] = field(default_factory=list)  # (prompt length, timing)
+
+    def stats(self, output_len: int) -> dict[str, float]:
+        def med_sd(values: list[float]) -> tuple[float, float]:
+            return statistics.median(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+        prefill = [n / t.ttft_s for n, t in self.runs]
+        decode = [(output_len - 1) / t.decode_s for _, t in self.runs]
+        ttft = [1000 * t.ttft_s for _, t in self.runs]
+        mspt = [1000 * t.decode_s / (output_len - 1) for _, t in self.runs]
+        out = {}
+        for key, values in (("prefill_tok_s", prefill), ("decode_tok_s", decode), ("ttft_ms", ttft), ("ms_per_token", mspt)):
+            out[key], out[key + "_sd"] = med_sd(values)
+        return out
+
+
+def _default_prompts() -> Path:
+    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / "eval_prompts_sharegpt.json"
+
+
+def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
+    from fastgemma import LLM, SamplingParams
+
+    texts = load_sharegpt_prompts(cfg.prompts or _default_prompts(), cfg.num_prompts)
+    llm = LLM(model=cfg.model, dtype=cfg.dtype)
+    prompts = [llm.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts]
+    max_len = max(map(len, prompts)) + cfg.output_len + 1
+    dtype = llm.model.dtype
+    engines: list[Any] = [FastgemmaEngine(llm)]
+    notes: list[str] = []
+    for name in cfg.compare:
+        try:
+            if name == "transformers":
+                engines.append(TransformersEngine(llm.source, dtype))
+            elif llm.source.kind != "gguf":
+                notes.append("llama.cpp skipped: it needs a GGUF model")
+            else:
+                engines.append(LlamaCppEngine(llm.source.path, max_len, physical_cores()))
+        except ImportError as e:
+            notes.append(f"{name} skipped: {e.name or e} not installed (pip install 'fastgemma[compare]')")
+    for note in notes:
+        log(note)
+
+    for engine in engines:
+        for _ in range(cfg.warmup):
+            engine.run(prompts[0][:64], 8)
+    bandwidth = read_bandwidth_gb_s()
+    results = {e.name: EngineRuns() for e in engines}
+    outputs: dict[int, list[int]] = {}
+    for rep in range(cfg.repetitions):
+        for i, ids in enumerate(prompts):
+            order = engines[rep % len(engines) :] + engines[: rep % len(engines)]
+            for engine in order:
+                timing = engine.run(ids, cfg.output_len)
+                results[engine.name].runs.append((len(ids), timing))
+                if engine.name == "fastgemma":
+                    outputs[i] = timing.token_ids
+            log(f"pass {rep + 1}/{cfg.repetitions}, prompt {i + 1}/{len(prompts)} ({len(ids)} tokens) done")
+
+    stats = {name: runs.stats(cfg.output_len) for name, runs in results.items()}
+    mean_context = statistics.mean(len(p) for p in prompts) + cfg.output_len / 2
+    step_bytes = bytes_per_token(llm.model, int(mean_context))
+    fg = stats["fastgemma"]
+    fg["achieved_gb_s"] = step_bytes / (fg["ms_per_token"] / 1000) / 1e9
+    fg["bandwidth_fraction"] = fg["achieved_gb_s"] / bandwidth
+
+    identity: dict[str, Any] = {"checked": False}
+    if cfg.check_identity:
+        plain = LLM(model=cfg.model, dtype=cfg.dtype, kernels="torch", max_model_len=max_len)
+        params = SamplingParams(max_tokens=cfg.output_len, temperature=0.0, ignore_eos=True)
+        first_diff = []
+        for i, ids in enumerate(prompts):
+            ref = plain.generate([ids], params)[0].token_ids
+            got = outputs[i]
+            first_diff.append(next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), None))
+        identical = sum(d is None for d in first_diff)
+        identity = {"checked": True, "identical_prompts": identical, "prompts": len(prompts), "first_divergence": first_diff}
+    return {
+        "engines": stats,
+        "read_bandwidth_gb_s": bandwidth,
+        "bytes_per_token": step_bytes,
+        "model": llm.model_name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "kernels": "native" if llm.model.use_native else "torch",
+        "threads": physical_cores(),
+        "num_prompts": len(prompts),
+        "output_len": cfg.output_len,
+        "repetitions": cfg.repetitions,
+        "greedy_identity_vs_torch_kernels": identity,
+        "notes": notes,
+    }
+
+
+def render_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"decode bench: {result['model']} {result['dtype']}, batch 1, {result['output_len']} tokens")
+    for col in ("engine", "prefill tok/s", "decode tok/s", "TTFT ms", "ms/token", "GB/s", "of bandwidth"):
+        table.add_column(col, justify="right")
+    for name, s in result["engines"].items():
+        gb = f"{s['achieved_gb_s']:.1f}" if "achieved_gb_s" in s else ""
+        frac = f"{100 * s['bandwidth_fraction']:.0f}%" if "bandwidth_fraction" in s else ""
+        table.add_row(
+            name,
+            f"{s['prefill_tok_s']:.1f} ± {s['prefill_tok_s_sd']:.1f}",
+            f"{s['decode_tok_s']:.1f} ± {s['decode_tok_s_sd']:.1f}",
+            f"{s['ttft_ms']:.0f}",
+            f"{s['ms_per_token']:.1f}",
+            gb,
+            frac,
+        )
+    console = Console(stderr=False)
+    console.print(table)
+    console.print(
+        f"read bandwidth {result['read_bandwidth_gb_s']:.1f} GB/s; fastgemma step reads "
+        f"{result['bytes_per_token'] / 1e6:.0f} MB ({result['kernels']} kernels, {result['threads']} threads)"
+    )
+    ident = result["greedy_identity_vs_torch_kernels"]
+    if ident["checked"]:
+        console.print(
+            f"greedy tokens vs torch's stock kernels: {ident['identical_prompts']}/{ident['prompts']} prompts identical"
+            + ("" if ident["identical_prompts"] == ident["prompts"] else f" (first divergence {ident['first_divergence']})")
+        )

@@ -1,0 +1,64 @@
+/* Single-query attention (batch-1 decode) over a static KV cache, on x86-64 with AVX-512.
+ *
+ * For each query head h (kv head g = h / (H / Hkv)):
+ *   s_j = scaling * (q_h . k_{g,j})           j < S, fp32
+ *   p   = softmax(s)                          fp32
+ *   o_h = sum_j p_j v_{g,j}                   fp32, stored in the cache dtype
+ * q, o: [H, hd] contiguous; k, v: [Hkv, slots, hd] (the cache buffers; the first S slots are
+ * read, `head_stride` = slots * hd). One query per call; OpenMP splits the heads.
+ * Every key in the first S slots is visible (the cache returns exactly those).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static inline __m512 ld_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#define DEFINE_ATTN(NAME, T, LOAD)                                                              \
+void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int64_t S,          \
+          int64_t hd, int64_t head_stride, float scaling, float *scratch) {                    \
+    /* scratch: H * (S + hd) floats */                                                          \
+    const int64_t G = H / Hkv;                                                                  \
+    _Pragma("omp parallel for schedule(static)")                                                \
+    for (int64_t h = 0; h < H; h++) {                                                           \
+        const T *kh = k + (h / G) * head_stride, *vh = v + (h / G) * head_stride;               \
+        const T *qh = q + h * hd;                                                               \
+        float *s = scratch + h * (S + hd), *acc = s + S;                                        \
+        float m = -INFINITY;                                                                    \
+        for (int64_t j = 0; j < S; j++) {                                                       \
+            __m512 a = _mm512_setzero_ps();                                                     \
+            for (int64_t d = 0; d < hd; d += 16)                                                \
+                a = _mm512_fmadd_ps(LOAD(qh + d), LOAD(kh + j * hd + d), a);                    \
+            s[j] = _mm512_reduce_add_ps(a) * scaling;                                           \
+            if (s[j] > m) m = s[j];                                                             \
+        }                                                                                       \
+        float total = 0.f;                                                                      \
+        for (int64_t j = 0; j < S; j++) { s[j] = expf(s[j] - m); total += s[j]; }               \
+        const float inv = 1.f / total;                                                          \
+        for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_setzero_ps());   \
+        for (int64_t j = 0; j < S; j++) {                                                       \
+            const __m512 p = _mm512_set1_ps(s[j] * inv);                                        \
+            for (int64_t d = 0; d < hd; d += 16)                                                \
+                _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(p, LOAD(vh + j * hd + d),             \
+                                                          _mm512_loadu_ps(acc + d)));           \
+        }                                                                                       \
+        STORE_##T(o + h * hd, acc, hd);                                                         \
+    }                                                                                           \
+}
+
+#define STORE_float(dst, acc, hd) for (int64_t d = 0; d < (hd); d++) (dst)[d] = (acc)[d]
+#define STORE_uint16_t(dst, acc, hd) for (int64_t d = 0; d < (hd); d++) (dst)[d] = f32_to_bf16((acc)[d])
+
+DEFINE_ATTN(attend_decode_f32, float, _mm512_loadu_ps)
+DEFINE_ATTN(attend_decode_bf16, uint16_t, ld_bf16)

@@ -1,0 +1,53 @@
+"""`fastgemma bench decode` end to end on a tiny model, and the cost model's byte count."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from fastgemma import LLM
+from fastgemma.bench.cost_model import bytes_per_token, kv_bytes_per_token, weight_bytes_per_token
+from fastgemma.cli.main import app
+
+
+def test_cost_model_counts_every_weight(tiny_e4b):
+    llm = LLM(str(tiny_e4b), dtype="float32", device="cpu", max_model_len=64)
+    m, spec = llm.model, llm.spec
+    params = sum(p.numel() for name, p in m.named_parameters() if name != "embed_tokens_per_layer.weight")
+    row_ple = spec.num_layers * spec.per_layer_input_size
+    assert weight_bytes_per_token(m) == 4 * (params + spec.vocab_size * spec.hidden_size + spec.hidden_size + row_ple)
+    # 5 cache layers; the 3 shared layers read their sources' K/V too (sources 2, 4, 2).
+    per_pos = {i: 2 * spec.layers[i].num_kv_heads * spec.layers[i].head_dim * 4 for i in spec.cache_layers}
+    readers = {0: 1, 1: 1, 2: 3, 3: 1, 4: 2}
+    ctx = 20  # past the window (8) on sliding layers
+    expected = sum(readers[i] * per_pos[i] * (min(ctx, 8) if spec.layers[i].is_sliding else ctx) for i in per_pos)
+    assert kv_bytes_per_token(m, ctx) == expected
+    assert bytes_per_token(m, ctx) == weight_bytes_per_token(m) + expected
+
+
+def test_bench_decode_json(tiny_text_model, tmp_path):
+    prompts = tmp_path / "p.json"
+    items = [{"conversations": [{"from": "human", "value": f"Question {i}: why?"}, {"from": "gpt", "value": "x"}]} for i in range(2)]
+    prompts.write_text(json.dumps(items))
+    result = CliRunner().invoke(
+        app,
+        ["bench", "decode", "--model", str(tiny_text_model), "--prompts", str(prompts), "--num-prompts", "2",
+         "--output-len", "8", "--dtype", "float32", "--compare", "transformers,llama.cpp", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output.strip().splitlines()[-1])
+    fg = out["engines"]["fastgemma"]
+    assert fg["decode_tok_s"] > 0 and fg["prefill_tok_s"] > 0 and fg["bandwidth_fraction"] > 0
+    assert "transformers" in out["engines"]
+    assert out["greedy_identity_vs_torch_kernels"] == {
+        "checked": True, "identical_prompts": 2, "prompts": 2, "first_divergence": [None, None]
+    }
+    assert any("llama.cpp skipped" in n for n in out["notes"])  # a safetensors folder has no GGUF
+
+
+def test_bench_rejects_bad_prompts_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a list"}')
+    result = CliRunner().invoke(app, ["bench", "decode", "--prompts", str(bad)])
+    assert result.exit_code == 2 and "cannot read sharegpt prompts" in result.output

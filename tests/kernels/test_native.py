@@ -1,0 +1,53 @@
+"""fastgemma's C kernels against torch's maths: GEMV (bf16, fp32, ragged K) and decode attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastgemma.kernels import native
+from fastgemma.kernels.attention import _torch_attend, attend_decode
+from fastgemma.kernels.linear import linear
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
+
+
+@pytest.mark.parametrize("N,K", [(1, 16), (7, 640), (1030, 256), (64, 33), (5, 2049)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_matches_fp64_reference(N, K, dtype):
+    g = torch.Generator().manual_seed(N * K)
+    w, x = torch.randn(N, K, generator=g).to(dtype), torch.randn(1, K, generator=g).to(dtype)
+    got = linear(x, w, use_native=True)
+    exact = (x.double() @ w.double().t()).to(dtype)  # the correctly rounded result
+    tol = 1e-5 * K**0.5 if dtype == torch.float32 else 0  # bf16 output: at most one rounding step off
+    assert got.shape == (1, N) and got.dtype == dtype
+    if dtype == torch.float32:
+        assert (got - exact).abs().max() <= tol * exact.abs().max().clamp(min=1)
+    else:
+        ulp = torch.finfo(torch.bfloat16).eps * exact.float().abs().clamp(min=1e-3)
+        assert ((got.float() - exact.float()).abs() <= ulp * 1.01).all()
+
+
+def test_gemv_only_for_single_rows():
+    w, x = torch.randn(8, 16), torch.randn(3, 16)
+    assert torch.equal(linear(x, w, use_native=True), F.linear(x, w))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("H,Hkv,hd,S", [(4, 1, 256, 37), (8, 2, 512, 5), (2, 2, 16, 600)])
+def test_decode_attention(dtype, tol, H, Hkv, hd, S):
+    g = torch.Generator().manual_seed(H * hd + S)
+    slots = S + 11  # the kernel reads the first S slots of a larger cache buffer
+    k = torch.randn(Hkv, slots, hd, generator=g).to(dtype)
+    v = torch.randn(Hkv, slots, hd, generator=g).to(dtype)
+    q = torch.randn(H, 1, hd, generator=g).to(dtype)
+    got = attend_decode(q, k[:, :S], v[:, :S], 0.1)
+    ref = _torch_attend(q.double(), k[:, :S].double(), v[:, :S].double(), 0.1)
+    assert (got.double() - ref).abs().max() < tol
+
+
+def test_bandwidth_probe_reads():
+    from fastgemma.bench.bandwidth import read_bandwidth_gb_s
+
+    assert read_bandwidth_gb_s(size_mib=64, repetitions=3) > 0.1
