@@ -77,24 +77,31 @@ class Tokenizer:
 class IncrementalDecoder:
     """Turns a growing list of ids into text deltas that never split a UTF-8 character.
 
-    Decodes the whole output each time (exact, including SentencePiece's leading-space rules)
-    and holds back text ending in U+FFFD, the mark of an incomplete byte sequence.
+    vLLM's scheme: decode a short window `ids[prefix_offset:]` and subtract the text of
+    `ids[prefix_offset:read_offset]` (already returned). Both start at the same token, so
+    SentencePiece's leading-space rule cancels out; text ending in U+FFFD (an incomplete byte
+    sequence) is held back until the next token completes it. Cost per token: O(window).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self.tokenizer, self.skip = tokenizer, skip_special_tokens
         self.ids: list[int] = []
-        self.emitted = 0  # characters of the decoded text already returned
+        self.prefix_offset = 0  # window start
+        self.read_offset = 0  # ids[:read_offset] have been returned as text
+
+    def _delta(self, final: bool) -> str:
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip)
+        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip)
+        if len(full) <= len(prefix) or (full.endswith("\ufffd") and not final):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix) :]
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd"):
-            return ""
-        delta, self.emitted = text[self.emitted :], len(text)
-        return delta
+        return self._delta(final=False)
 
     def flush(self) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        delta, self.emitted = text[self.emitted :], len(text)
-        return delta
+        """Whatever is still held back (at the end of generation)."""
+        return self._delta(final=True)

@@ -14,9 +14,10 @@ from fastgemma.cli.main import app
 def test_cost_model_counts_every_weight(tiny_e4b):
     llm = LLM(str(tiny_e4b), dtype="float32", device="cpu", max_model_len=64)
     m, spec = llm.model, llm.spec
-    params = sum(p.numel() for name, p in m.named_parameters() if name != "embed_tokens_per_layer.weight")
+    # Every matrix once (the tied embedding as lm_head), plus one row of each embedding table.
+    matrices = sum(p.numel() for name, p in m.named_parameters() if name != "embed_tokens_per_layer.weight")
     row_ple = spec.num_layers * spec.per_layer_input_size
-    assert weight_bytes_per_token(m) == 4 * (params + spec.vocab_size * spec.hidden_size + spec.hidden_size + row_ple)
+    assert weight_bytes_per_token(m) == 4 * (matrices + spec.hidden_size + row_ple)
     # 5 cache layers; the 3 shared layers read their sources' K/V too (sources 2, 4, 2).
     per_pos = {i: 2 * spec.layers[i].num_kv_heads * spec.layers[i].head_dim * 4 for i in spec.cache_layers}
     readers = {0: 1, 1: 1, 2: 3, 3: 1, 4: 2}
@@ -36,7 +37,7 @@ def test_bench_decode_json(tiny_text_model, tmp_path):
          "--output-len", "8", "--dtype", "float32", "--compare", "transformers,llama.cpp", "--json"],
     )
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output.strip().splitlines()[-1])
+    out = json.loads(result.stdout.strip().splitlines()[-1])
     fg = out["engines"]["fastgemma"]
     assert fg["decode_tok_s"] > 0 and fg["prefill_tok_s"] > 0 and fg["bandwidth_fraction"] > 0
     assert "transformers" in out["engines"]

@@ -51,3 +51,19 @@ def test_bandwidth_probe_reads():
     from fastgemma.bench.bandwidth import read_bandwidth_gb_s
 
     assert read_bandwidth_gb_s(size_mib=64, repetitions=3) > 0.1
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("with_scale", [True, False])
+def test_rms_norm(dtype, tol, with_scale):
+    from fastgemma.kernels.norm import native_rms_norm
+    from fastgemma.models.layers import RMSNorm
+
+    norm = RMSNorm(640, 1e-6, with_scale=with_scale)
+    if with_scale:
+        norm.scale.copy_(torch.rand(640) * 2)
+    x = (torch.randn(3, 640) * 5).to(dtype)
+    ref = norm(x)  # torch maths (use_native is off)
+    got = native_rms_norm(x, norm.scale, 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert ((got.float() - ref.float()).abs() <= tol * ref.float().abs().clamp(min=1)).all()

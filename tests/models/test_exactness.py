@@ -75,3 +75,16 @@ def test_double_wide_mlp(tiny_e2b):
     llm = LLM(str(tiny_e2b), dtype="float32", device="cpu", max_model_len=64)
     widths = [l.intermediate_size for l in llm.spec.layers]
     assert widths == [64, 64, 64, 128, 128, 128, 128]
+
+
+def test_kv_shared_prefill_shortcut(tiny_e4b):
+    """Prefill that keeps only the last position (shared layers skip the rest) = the full prefill's last row."""
+    llm = LLM(str(tiny_e4b), dtype="float32", device="cpu", max_model_len=64)
+    ids = torch.randint(0, llm.spec.vocab_size, (30,), generator=torch.Generator().manual_seed(9)).tolist()
+    ref = _reference_logits(tiny_e4b, torch.tensor(ids))
+    last = llm.runner.prefill(ids)  # keep = [last]
+    assert (last - ref[-1]).abs().max() < TOL
+    # The cache it leaves behind decodes like the reference.
+    nxt = llm.runner.decode(ids[-1], len(ids))  # feed a token at position 30
+    ref2 = _reference_logits(tiny_e4b, torch.tensor(ids + [ids[-1]]))
+    assert (nxt - ref2[-1]).abs().max() < TOL

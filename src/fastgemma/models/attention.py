@@ -71,7 +71,7 @@ class Attention(nn.Module):
                 v = self.v_norm(v)
             keys, values = cache.update(self.layer_idx, k.transpose(0, 1), v.transpose(0, 1), meta)  # [Hkv, S, hd]
         mask = meta.masks[self.layer_type]
-        if self.use_native and T == 1 and self.softcap is None:
+        if self.use_native and T == 1 and mask is None and self.softcap is None:
             out = attend_decode(q, keys, values, self.scaling)  # [H, 1, hd], fastgemma's CPU kernel
         else:
             out = attend(q, keys, values, mask, self.scaling, self.softcap)  # [H, T, hd]

@@ -13,10 +13,15 @@ Gemma 4 per-layer embeddings (PLE), with E = the merged input embeddings:
     ple = (ctx + tok) * 2^-0.5;  layer i receives ple[:, i]
 At soft-token positions `ple_ids` holds the pad id, as transformers does.
 
+Prefill shortcut (Gemma 4): when only some positions' hidden states are wanted (`keep`),
+the KV-shared layers run on those positions only; scoring passes keep=None (all).
+
 This module owns no cache and no sampling; it reads and writes the cache it is given.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -118,7 +123,7 @@ class GemmaForCausalLM(nn.Module):
         """Use fastgemma's CPU kernels for single-token products and attention (kernels/)."""
         self.use_native = enabled
         for module in self.modules():
-            if isinstance(module, (Linear, Attention)):
+            if isinstance(module, (Linear, Attention, RMSNorm)):
                 module.use_native = enabled
 
     @property
@@ -163,6 +168,14 @@ class GemmaForCausalLM(nn.Module):
         rope = {t: (self.rope_cos[t][pos].to(dtype), self.rope_sin[t][pos].to(dtype)) for t in self.rope_cos}
         h, shared = embeds, {}
         for i, layer in enumerate(self.layers):
+            if i == self.spec.first_kv_shared_layer and keep is not None and meta.num_tokens > 1:
+                # KV-shared layers write no cache, so only the kept positions need to go on
+                # (transformers' `_maybe_slice_kv_shared_inputs`): their queries still see
+                # every key their source layers produced.
+                h, ple = h[keep], None if ple is None else ple[keep]
+                rope = {t: (c[keep], s_[keep]) for t, (c, s_) in rope.items()}
+                meta = replace(meta, masks={t: None if m is None else m[keep] for t, m in meta.masks.items()})
+                keep = None
             cos, sin = rope[self.spec.layers[i].layer_type]
             src = self.spec.layers[i].kv_source
             h, kv = layer(h, None if ple is None else ple[:, i], cos, sin, meta, cache, shared.get(src))

@@ -11,7 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastgemma.kernels.norm import native_rms_norm
 from fastgemma.models.spec import RopeSpec
+
+_NATIVE_MAX_NUMEL = 1 << 16  # decode steps: one token's rows
 
 
 class RMSNorm(nn.Module):
@@ -29,7 +32,11 @@ class RMSNorm(nn.Module):
         self.eps, self.use_rsqrt = eps, use_rsqrt
         self.scale = nn.Buffer(torch.ones(dim, dtype=torch.float32)) if with_scale else None
 
+    use_native = False  # kernels/cpu_norm.c for decode-sized inputs (set by the model)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_native and x.numel() <= _NATIVE_MAX_NUMEL and (y := native_rms_norm(x, self.scale, self.eps)) is not None:
+            return y
         xf = x.float()
         ms = xf.pow(2).mean(-1, keepdim=True) + self.eps
         y = xf * (torch.rsqrt(ms) if self.use_rsqrt else torch.pow(ms, -0.5))

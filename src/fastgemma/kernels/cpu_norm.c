@@ -1,0 +1,41 @@
+/* RMSNorm rows for decode on x86-64 with AVX-512, replacing eight small torch ops.
+ *
+ * y = x * rsqrt(mean(x^2) + eps) * scale   (scale optional; statistics and products in fp32,
+ * y rounded to x's dtype), for `rows` contiguous rows of D values. Same maths as
+ * models/layers.py RMSNorm; the sum of squares is accumulated in another order than torch's.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#define DEFINE_NORM(NAME, T, TO_F32, FROM_F32)                                                  \
+void NAME(const T *x, const float *scale, T *y, int64_t rows, int64_t D, float eps) {          \
+    for (int64_t r = 0; r < rows; r++) {                                                        \
+        const T *xr = x + r * D;                                                                \
+        T *yr = y + r * D;                                                                      \
+        float ss = 0.f;                                                                         \
+        for (int64_t d = 0; d < D; d++) { float v = TO_F32(xr[d]); ss += v * v; }              \
+        const float inv = 1.f / sqrtf(ss / (float)D + eps);                                     \
+        if (scale) for (int64_t d = 0; d < D; d++) yr[d] = FROM_F32((TO_F32(xr[d]) * inv) * scale[d]); \
+        else for (int64_t d = 0; d < D; d++) yr[d] = FROM_F32(TO_F32(xr[d]) * inv);             \
+    }                                                                                           \
+}
+
+#define ID(v) (v)
+DEFINE_NORM(rms_norm_f32, float, ID, ID)
+DEFINE_NORM(rms_norm_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
