@@ -95,11 +95,17 @@ void gemv_f32(const float *W, const float *x, float *y, int64_t N, int64_t K) {
  * `fastgemma bench` — the same access pattern and threads as the GEMVs above. */
 float stream_read_f32(const float *a, int64_t n) {
     float total = 0.f;
-    #pragma omp parallel for reduction(+:total) schedule(static)
-    for (int64_t i = 0; i < n; i += 64) {
-        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(a + i + 16)),
-                                 _mm512_add_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(a + i + 48)));
-        total += _mm512_reduce_add_ps(s);
+    #pragma omp parallel reduction(+:total)
+    {
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i += 64) {
+            s0 = _mm512_add_ps(s0, _mm512_loadu_ps(a + i));
+            s1 = _mm512_add_ps(s1, _mm512_loadu_ps(a + i + 16));
+            s2 = _mm512_add_ps(s2, _mm512_loadu_ps(a + i + 32));
+            s3 = _mm512_add_ps(s3, _mm512_loadu_ps(a + i + 48));
+        }
+        total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
     }
     return total;
 }
