@@ -86,13 +86,11 @@ class LLM:
             self.engine.validate_prompt(ids)
         outputs = []
         for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-            text, token_ids, reason, seq = "", [], None, None
+            text = ""
             for delta, seq in self.stream_ids(ids, params):
                 text += delta.text
-                if delta.token_id is not None:
-                    token_ids.append(delta.token_id)
-                reason = delta.finish_reason or reason
-            completion = CompletionOutput(0, text, token_ids, reason, seq.output_logprobs if params.logprobs is not None else None)
+            logprobs = seq.output_logprobs if params.logprobs is not None else None
+            completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, logprobs)
             outputs.append(RequestOutput(str(i), prompt if isinstance(prompt, str) else None, ids, [completion]))
         return outputs
 

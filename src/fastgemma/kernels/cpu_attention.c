@@ -11,18 +11,11 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
+
+#include "bf16.h"
 
 static inline __m512 ld_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    __builtin_memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
 }
 
 #define DEFINE_ATTN(NAME, T, LOAD)                                                              \

@@ -14,13 +14,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    __builtin_memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+#include "bf16.h"
 
 /* The four row sums of acc[0..3] as one vector [s0, s1, s2, s3]. */
 static inline __m128 reduce4(const __m512 acc[4]) {

@@ -51,7 +51,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     missing = [f for f in _REQUIRED_CPU_FLAGS if f not in _cpu_flags()]
     if missing:
         return None, f"CPU lacks {', '.join(missing)}"
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    inputs = [*SOURCES, SOURCES[0].with_name("bf16.h")]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs) + " ".join(FLAGS).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"fastgemma_cpu-{digest}.so"
     try:
         if not target.is_file():
