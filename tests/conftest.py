@@ -42,6 +42,11 @@ def tiny_e2b(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_k_eq_v(tmp_path_factory) -> Path:
+    return tiny_models.save_tiny(tiny_models.gemma4_k_eq_v_config(), tmp_path_factory.mktemp("keqv"), seed=4)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3(tmp_path_factory) -> Path:
     return tiny_models.save_tiny(tiny_models.gemma3_config(), tmp_path_factory.mktemp("g3"), seed=3)
 

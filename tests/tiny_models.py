@@ -55,6 +55,20 @@ def gemma4_e2b_like_config(vocab_size: int = 512):
     )
 
 
+def gemma4_k_eq_v_config(vocab_size: int = 512):
+    """Full layers whose values are their (un-normed) keys (`attention_k_eq_v`), 1 global KV head."""
+    from transformers import Gemma4TextConfig
+
+    layer_types = [SLIDING, SLIDING, FULL, SLIDING, FULL]
+    return Gemma4TextConfig(
+        vocab_size=vocab_size, vocab_size_per_layer_input=vocab_size, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=5, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+        global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=8,
+        sliding_window=8, num_kv_shared_layers=2, layer_types=layer_types, final_logit_softcapping=30.0,
+        max_position_embeddings=256, attn_implementation="eager",
+    )
+
+
 def gemma3_config(vocab_size: int = 512):
     from transformers import Gemma3TextConfig
 

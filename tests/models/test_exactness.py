@@ -35,7 +35,7 @@ def _our_logits(llm: LLM, ids: list[int], prompt_len: int, chunk: int | None = N
     return torch.cat(rows).float()
 
 
-@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_gemma3"])
+@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_k_eq_v", "tiny_gemma3"])
 def test_logits_match_transformers(name, request):
     folder = request.getfixturevalue(name)
     llm = LLM(str(folder), dtype="float32", device="cpu", max_model_len=64)

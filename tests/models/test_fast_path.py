@@ -25,3 +25,28 @@ def test_native_decode_matches_torch_kernels(name, request):
     prompts = [[1, 2, 3], list(range(5, 40)), [9] * 12]
     for a, b in zip(fast.generate(prompts, params), plain.generate(prompts, params)):
         assert a.token_ids == b.token_ids
+
+
+@pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
+@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_k_eq_v", "tiny_gemma3"])
+def test_fused_decode_layers_match_per_op_path(name, request):
+    """bf16: all layers in one native call round where the per-op path rounds: identical logits and tokens."""
+    import torch
+
+    folder = request.getfixturevalue(name)
+    llm = LLM(str(folder), dtype="bfloat16", device="cpu", max_model_len=128)
+    assert llm.model.fused_decode
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    prompts = [[1, 2, 3], list(range(5, 40)), [9] * 12]
+    fused = [o.token_ids for o in llm.generate(prompts, params)]
+    llm.model.set_native_kernels(True, fused_decode=False)
+    assert not llm.model.fused_decode
+    per_op = [o.token_ids for o in llm.generate(prompts, params)]
+    assert fused == per_op
+    # And one step's logits are bit-identical (the same rounding points, the same kernels).
+    llm.runner.prefill(list(range(1, 20)))
+    a = llm.runner.decode(5, 19).float()
+    llm.model.set_native_kernels(True, fused_decode=True)
+    llm.runner.prefill(list(range(1, 20)))
+    b = llm.runner.decode(5, 19).float()
+    assert torch.equal(a, b)

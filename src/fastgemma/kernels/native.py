@@ -1,4 +1,4 @@
-"""Build and load the C decode kernels (`cpu_gemv.c`, `cpu_attention.c`, `cpu_norm.c`) on first use.
+"""Build and load the C decode kernels (`cpu_*.c` beside this file) on first use.
 
 The library is compiled once per source version with the system C compiler into
 fastgemma's cache and loaded with ctypes. Where it cannot be used (no AVX-512 BF16 CPU, no
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fastgemma.paths import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_attention.c", "cpu_norm.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_decode_layer.c")]
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
 _REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 
@@ -69,7 +69,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     attn_args = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr]
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
-    for fn in (lib.gemv_bf16, lib.gemv_f32, lib.attend_decode_bf16, lib.attend_decode_f32,
+    lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, ptr, ptr]
+    for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.attend_decode_bf16, lib.attend_decode_f32,
                lib.rms_norm_bf16, lib.rms_norm_f32):
         fn.restype = None
     return lib, f"native AVX-512 GEMV, decode attention and RMSNorm ({target.name})"

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.kernels import decode_layers
 from fastgemma.kernels.linear import Linear, linear
 from fastgemma.models.attention import KV, Attention
 from fastgemma.models.layers import RMSNorm, gelu_tanh, rope_table
@@ -118,10 +119,15 @@ class GemmaForCausalLM(nn.Module):
         return self
 
     use_native = False
+    fused_decode = False  # bf16 CPU decode: all layers in one native call (kernels/decode_layers.py)
+    _decode_layers = None
 
-    def set_native_kernels(self, enabled: bool) -> None:
-        """Use fastgemma's CPU kernels for single-token products and attention (kernels/)."""
+    def set_native_kernels(self, enabled: bool, fused_decode: bool = True) -> None:
+        """Use fastgemma's CPU kernels for single-token steps (kernels/); `fused_decode` runs
+        a bf16 decode step's layers in one native call where supported."""
         self.use_native = enabled
+        self.fused_decode = enabled and fused_decode and decode_layers.supported(self)
+        self._decode_layers = None
         for module in self.modules():
             if isinstance(module, (Linear, Attention, RMSNorm)):
                 module.use_native = enabled
@@ -164,6 +170,10 @@ class GemmaForCausalLM(nn.Module):
         keep: torch.Tensor | None = None,  # [K] chunk indices whose hidden states are returned; None = all
     ) -> torch.Tensor:
         ple = self.per_layer_inputs(embeds, ple_ids) if self.spec.per_layer_input_size else None
+        if self.fused_decode and meta.num_tokens == 1:
+            if self._decode_layers is None or self._decode_layers.cache is not cache:
+                self._decode_layers = decode_layers.NativeDecodeLayers(self, cache)
+            return self.norm(self._decode_layers.run(embeds.contiguous(), ple, meta.start))
         dtype, pos = embeds.dtype, meta.positions
         rope = {t: (self.rope_cos[t][pos].to(dtype), self.rope_sin[t][pos].to(dtype)) for t in self.rope_cos}
         h, shared = embeds, {}

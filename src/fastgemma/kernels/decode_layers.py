@@ -1,0 +1,102 @@
+"""A whole bf16 decode step's layers in one native call (`cpu_decode_layer.c`).
+
+`NativeDecodeLayers(model, cache)` lays out one `GemmaLayer` struct per layer — pointers to
+the layer's weights, norm scales and cache buffers, fixed for the model's lifetime — and
+`run(h, ple, position)` fills in the per-step fields (RoPE rows, write slot, keys to attend
+over, PLE row) and runs every layer on the [1, D] hidden state in place. Same maths and
+bf16 rounding points as the torch path of models/gemma.py with native kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from fastgemma.kernels import native
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class GemmaLayer(ctypes.Structure):
+    _fields_ = [
+        *[(n, _i64) for n in ("D", "H", "Hkv", "hd", "I", "P", "slots", "S", "slot", "k_eq_v", "v_norm")],
+        ("eps", _f32), ("scaling", _f32),
+        *[(n, _ptr) for n in ("w_qkv", "w_o", "w_gu", "w_down", "w_ple_gate", "w_ple_proj", "layer_scalar")],
+        *[(n, _ptr) for n in ("n_in", "n_post_attn", "n_pre_ff", "n_post_ff", "n_q", "n_k", "n_post_ple")],
+        *[(n, _ptr) for n in ("cos", "sin", "ple", "k_cache", "v_cache")],
+    ]
+
+
+def supported(model) -> bool:
+    spec = model.spec
+    return (
+        native.load() is not None
+        and model.dtype == torch.bfloat16
+        and model.embed_tokens.weight.device.type == "cpu"
+        and spec.attn_softcap is None
+        and all(layer.head_dim % 16 == 0 for layer in spec.layers)
+    )
+
+
+def _p(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class NativeDecodeLayers:
+    def __init__(self, model, cache):
+        spec = model.spec
+        self.model, self.cache, self.spec = model, cache, spec
+        n = spec.num_layers
+        self.structs = (GemmaLayer * n)()
+        self.window = spec.sliding_window
+        widest = max(
+            max(2 * l.intermediate_size, (spec.num_heads + 2 * l.num_kv_heads) * l.head_dim) for l in spec.layers
+        )
+        max_hd_h = max(spec.num_heads * l.head_dim for l in spec.layers)
+        D, P = spec.hidden_size, spec.per_layer_input_size
+        self.buf = torch.empty(D + widest + max_hd_h + D + max(P, 1), dtype=torch.bfloat16)
+        self.max_keys = max(cache.k[i].shape[1] for i in cache.k)
+        self.fbuf = torch.empty(spec.num_heads * (self.max_keys + max(l.head_dim for l in spec.layers)))
+        for i, (layer, s) in enumerate(zip(model.layers, spec.layers)):
+            a, L = layer.self_attn, self.structs[i]
+            src = s.kv_source
+            L.D, L.H, L.Hkv, L.hd, L.I, L.P = D, spec.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size, P
+            L.slots = cache.k[src].shape[1]
+            L.k_eq_v, L.v_norm = int(s.k_eq_v), int(a.v_norm is not None)
+            L.eps, L.scaling = spec.rms_norm_eps, a.scaling
+            L.w_qkv, L.w_o = _p(a.qkv_proj.weight), _p(a.o_proj.weight)
+            L.w_gu, L.w_down = _p(layer.mlp.gate_up_proj.weight), _p(layer.mlp.down_proj.weight)
+            if P:
+                L.w_ple_gate, L.w_ple_proj = _p(layer.per_layer_input_gate.weight), _p(layer.per_layer_projection.weight)
+                L.n_post_ple = _p(layer.post_per_layer_input_norm.scale)
+            L.layer_scalar = _p(layer.layer_scalar)
+            L.n_in, L.n_post_attn = _p(layer.input_layernorm.scale), _p(layer.post_attention_layernorm.scale)
+            L.n_pre_ff, L.n_post_ff = _p(layer.pre_feedforward_layernorm.scale), _p(layer.post_feedforward_layernorm.scale)
+            L.n_q, L.n_k = _p(a.q_norm.scale), _p(a.k_norm.scale) if a.k_norm is not None else None
+            L.k_cache, L.v_cache = _p(cache.k[src]), _p(cache.v[src])
+        self.types = [s.layer_type for s in spec.layers]
+        self.shared = [s.kv_shared for s in spec.layers]
+
+    def run(self, h: torch.Tensor, ple: torch.Tensor | None, position: int) -> torch.Tensor:
+        """h: [1, D] bf16 (updated in place and returned); ple: [1, L, P] bf16 or None."""
+        assert h.is_contiguous() and h.dtype == torch.bfloat16
+        end = position + 1
+        rows = {}
+        for t in set(self.types):
+            cos = self.model.rope_cos[t][position].to(torch.bfloat16)
+            sin = self.model.rope_sin[t][position].to(torch.bfloat16)
+            rows[t] = (cos, sin)  # kept alive until the call returns
+        if ple is not None:
+            ple = ple.contiguous()
+            P = self.spec.per_layer_input_size
+        for i, L in enumerate(self.structs):
+            t = self.types[i]
+            sliding = t == "sliding_attention"
+            L.cos, L.sin = rows[t][0].data_ptr(), rows[t][1].data_ptr()
+            L.S = min(end, L.slots) if sliding else end
+            L.slot = -1 if self.shared[i] else (position % L.slots if sliding else position)
+            if ple is not None:
+                L.ple = ple.data_ptr() + i * P * 2
+        native.load().gemma_decode_layers_bf16(self.structs, len(self.structs), h.data_ptr(), self.buf.data_ptr(), self.fbuf.data_ptr())
+        return h
