@@ -101,3 +101,34 @@ def test_missing_tensor_is_named(tiny_gemma3, tmp_path):
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"layers\.1\.mlp\.up_proj\.weight"):
         LLM(str(tmp_path), dtype="float32")
+
+
+def test_gemma4_checkpoint_with_unused_shared_kv_weights(tiny_e4b, tmp_path):
+    """Google's checkpoints carry k/v weights for KV-shared layers; re-saved ones don't. Both load alike."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    for f in tiny_e4b.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert not any(k.startswith("model.layers.5.self_attn.k_proj") for k in tensors)  # re-saved: omitted
+    for i in (5, 6, 7):  # the shared layers
+        for name, shape in (("k_proj", (32, 64)), ("v_proj", (32, 64)), ("k_norm", (16,))):
+            tensors[f"model.layers.{i}.self_attn.{name}.weight"] = torch.randn(shape)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    a = LLM(str(tiny_e4b), dtype="float32", device="cpu", max_model_len=64)
+    b = LLM(str(tmp_path), dtype="float32", device="cpu", max_model_len=64)
+    ids = list(range(3, 30))
+    assert [e.logprob for e in a.prompt_logprobs(ids)[1:]] == [e.logprob for e in b.prompt_logprobs(ids)[1:]]
+
+
+def test_interleaved_streams_are_refused(tiny):
+    first = tiny.stream([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    next(first)
+    second = tiny.stream([4, 5], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    with pytest.raises(RuntimeError, match="one stream at a time"):
+        next(second)
+    first.close()  # cancels the first request; the engine is free again
+    assert len(tiny.generate([[4, 5]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0].token_ids) == 3

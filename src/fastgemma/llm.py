@@ -112,6 +112,8 @@ class LLM:
         text, emitted = "", 0
         try:
             while not seq.is_finished:
+                if self.engine.next_sequence() is not seq:
+                    raise RuntimeError("another request is running on this LLM; consume one stream at a time")
                 self.engine.step()
                 token_id = seq.output_token_ids[-1]
                 text += decoder.push(token_id)

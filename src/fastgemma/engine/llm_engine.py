@@ -58,6 +58,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.running is not None or bool(self.waiting)
 
+    def next_sequence(self) -> Sequence | None:
+        """The sequence the next `step()` advances."""
+        return self.running or (self.waiting[0] if self.waiting else None)
+
     def schedule(self) -> tuple[Sequence, bool]:
         if self.running is None:
             self.running = self.waiting.popleft()

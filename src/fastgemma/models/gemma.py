@@ -15,6 +15,8 @@ At soft-token positions `ple_ids` holds the pad id, as transformers does.
 
 Prefill shortcut (Gemma 4): when only some positions' hidden states are wanted (`keep`),
 the KV-shared layers run on those positions only; scoring passes keep=None (all).
+Fused decode (bf16 on CPU): a one-token step runs every layer in one native call
+(kernels/decode_layers.py) with the same rounding as the loop below, bit for bit.
 
 This module owns no cache and no sampling; it reads and writes the cache it is given.
 """
