@@ -216,6 +216,15 @@ async def _await_job(request: Request, job: Job) -> Any:
             job.cancel()
 
 
+async def _run_job(state: ServerState, request: Request, work: Callable[[Job], Any]) -> Any:
+    """Queue `work` on the engine and wait for its result (None: the client went away)."""
+    job = _submit(state, work)
+    try:
+        return await _await_job(request, job)
+    except Exception as e:
+        raise _engine_error(e) from None
+
+
 def _engine_error(e: Exception) -> APIError:
     if isinstance(e, ValueError):
         return APIError(400, str(e))
@@ -359,11 +368,7 @@ async def _completions(state: ServerState, request: Request, body: dict[str, Any
             results.append(r)
         return results
 
-    job = _submit(state, work)
-    try:
-        results = await _await_job(request, job)
-    except Exception as e:
-        raise _engine_error(e) from None
+    results = await _run_job(state, request, work)
     if results is None:
         return Response(status_code=499)
     choices = []
@@ -526,11 +531,7 @@ async def _chat(state: ServerState, request: Request, body: dict[str, Any]) -> R
             r.extra["logprobs"] = fmt.chat_logprobs(r.token_ids, r.logprobs or [], top_n)
         return r
 
-    job = _submit(state, work)
-    try:
-        r = await _await_job(request, job)
-    except Exception as e:
-        raise _engine_error(e) from None
+    r = await _run_job(state, request, work)
     if r is None:
         return Response(status_code=499)
     choice = P.ChatCompletionResponseChoice(
