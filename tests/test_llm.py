@@ -61,7 +61,8 @@ def test_eos_stops_unless_ignored(tiny):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(max_tokens=0), dict(temperature=-0.5), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2), dict(logprobs=99)],
+    [dict(max_tokens=0), dict(temperature=-0.5), dict(temperature="hot"), dict(top_p=0.0), dict(top_p=1.5),
+     dict(top_k=-2), dict(logprobs=99)],
 )
 def test_invalid_sampling_params(kwargs):
     with pytest.raises(ValueError):

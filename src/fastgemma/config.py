@@ -31,13 +31,20 @@ def physical_cores() -> int:
     return len(cores) or os.cpu_count() or 1
 
 
+def cpu_flags() -> set[str]:
+    """The CPU feature flags /proc/cpuinfo lists (empty where there is none)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def cpu_has_fast_bf16() -> bool:
     """AVX-512 BF16 or AMX: the CPU multiplies bf16 natively."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @dataclass(frozen=True)

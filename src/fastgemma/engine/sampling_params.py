@@ -24,6 +24,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", [self.stop])
+        def number(v: object) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        for name in ("temperature", "top_p"):
+            if not number(getattr(self, name)):
+                raise ValueError(f"{name} must be a number (got {getattr(self, name)!r})")
         checks = [
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
             (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100] (0 = greedy)"),

@@ -16,21 +16,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from fastgemma.config import cpu_flags
 from fastgemma.paths import cache_dir
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_decode_layer.c")]
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
 _REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def _build(target: Path) -> None:
@@ -48,7 +39,7 @@ def _build(target: Path) -> None:
 def _load() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("FASTGEMMA_NATIVE", "1") == "0":
         return None, "disabled by FASTGEMMA_NATIVE=0"
-    missing = [f for f in _REQUIRED_CPU_FLAGS if f not in _cpu_flags()]
+    missing = [f for f in _REQUIRED_CPU_FLAGS if f not in cpu_flags()]
     if missing:
         return None, f"CPU lacks {', '.join(missing)}"
     inputs = [*SOURCES, SOURCES[0].with_name("bf16.h")]
@@ -73,7 +64,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.attend_decode_bf16, lib.attend_decode_f32,
                lib.rms_norm_bf16, lib.rms_norm_f32):
         fn.restype = None
-    return lib, f"native AVX-512 GEMV, decode attention and RMSNorm ({target.name})"
+    return lib, f"native AVX-512 GEMV, decode attention, RMSNorm and fused bf16 decode step ({target.name})"
 
 
 def load() -> ctypes.CDLL | None:
