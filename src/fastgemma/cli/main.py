@@ -1,4 +1,4 @@
-"""The `fastgemma` command line: generate, convert, serve.
+"""The `fastgemma` command line: generate, convert, serve, bench, verify.
 
 Every command runs on the embedded default model when no model is given. A user mistake
 (bad path, unknown model type, invalid value) prints one line `error: ...` to stderr and
@@ -19,6 +19,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="fastgemma: f
 ModelOpt = typer.Option(None, "--model", "-m", help="Model folder, .gguf file or hub id (default: embedded Gemma 3 270M).")
 DtypeOpt = typer.Option("auto", "--dtype", help="auto | bfloat16 | float32.")
 MaxLenOpt = typer.Option(None, "--max-model-len", help="Prompt + output tokens (default: min(model max, 32768)).")
+QuantOpt = typer.Option(
+    "none", "--quantization", "-q", help="Body linear weights: none | int8 | int4-g32 | int4-g128 (at load)."
+)
+ScreenOpt = typer.Option(
+    True, "--lm-head-screen/--no-lm-head-screen", help="Greedy tokens through the exact int8 lm_head screen."
+)
 
 
 def _fail(message: str) -> None:
@@ -39,13 +45,14 @@ def generate(
     top_k: int = typer.Option(0, "--top-k"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     chat: bool = typer.Option(False, "--chat", help="Format the prompt as one user turn."),
+    quantization: str = QuantOpt,
 ) -> None:
     """Stream a completion of PROMPT to stdout."""
     from fastgemma import LLM, SamplingParams
 
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len)
+        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization)
         ids = llm.chat_prompt_ids([{"role": "user", "content": prompt}]) if chat else llm.encode_prompt(prompt)
         for delta in llm.stream(ids, params):
             sys.stdout.write(delta.text)
@@ -79,13 +86,33 @@ def serve(
     dtype: str = DtypeOpt,
     max_model_len: Optional[int] = MaxLenOpt,
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting at most; more get 429."),
+    quantization: str = QuantOpt,
+    lm_head_screen: bool = ScreenOpt,
 ) -> None:
     """Serve an OpenAI-compatible API (vLLM's routes and fields)."""
     from fastgemma.server import run_server, settings_from_env
 
     try:
         settings = settings_from_env(model=model, served_model_name=served_model_name, host=host, port=port)
-        run_server(**settings, api_key=api_key, dtype=dtype, max_model_len=max_model_len, max_queue=max_queue)
+        run_server(
+            **settings, api_key=api_key, dtype=dtype, max_model_len=max_model_len, max_queue=max_queue,
+            quantization=quantization, lm_head_screen=lm_head_screen,
+        )
+    except ValueError as e:
+        _fail(str(e))
+
+
+@app.command()
+def quantize(
+    model: Optional[str] = typer.Argument(None, help="Model folder, .gguf file or hub id (default: the embedded model)."),
+    scheme: str = typer.Option(..., "--scheme", "-s", help="int8 | int4-g32 | int4-g128."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write."),
+) -> None:
+    """Write MODEL with its body linears quantised: a folder that loads like any checkpoint."""
+    from fastgemma.weights.quantize import write_quantized_folder
+
+    try:
+        typer.echo(str(write_quantized_folder(model, scheme, out)))
     except ValueError as e:
         _fail(str(e))
 
@@ -104,14 +131,20 @@ def bench_decode(
     dtype: str = DtypeOpt,
     repetitions: int = typer.Option(1, "--repetitions", help="Passes over the prompts."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed short runs per engine first."),
-    no_check: bool = typer.Option(False, "--no-check", help="Skip the greedy comparison with torch's stock kernels."),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the greedy comparison with the plain path."),
+    quantization: str = typer.Option(
+        "none", "--quantization", "-q", help="Comma-separated schemes, each its own engine: none,int8,int4-g32,int4-g128."
+    ),
+    lm_head_screen: bool = ScreenOpt,
+    ppl_records: int = typer.Option(0, "--ppl-records", help="Also score this many PPL records per scheme (0: none)."),
+    ppl_data: Optional[Path] = typer.Option(None, "--ppl-data", help="PPL records JSONL (default: the challenge's)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Batch-1 prefill and decode speed, fastgemma side by side with other engines.
 
     Timed per prompt and engine: TTFT = from the request until the first generated token (prefill + first sample); prefill tok/s = prompt tokens / TTFT; decode tok/s = (OUTPUT_LEN - 1) / time from the first to the last of OUTPUT_LEN greedy tokens (EOS ignored). Medians (± stdev) over prompts x repetitions, engines alternating prompt by prompt. Model load and warm-up are not timed.
 
-    Also reported: the bytes one fastgemma decode step reads (its cost model), the GB/s that implies and its share of the read bandwidth measured in the same run, and whether fastgemma's greedy tokens equal those of the same model on torch's stock kernels, prompt by prompt.
+    Each --quantization scheme is its own fastgemma engine in the same alternation. Also reported per fastgemma engine: the bytes one decode step reads (its cost model), the GB/s that implies and its share of the read bandwidth measured in the same run, whether its greedy tokens equal those of the same model on its plain path (per-op, full lm_head), prompt by prompt, and with --ppl-records N the PPL over N challenge records and its change against the unquantised model (not timed).
     """
     from fastgemma.bench.decode import DecodeBenchConfig, render_table, run_decode_bench
 
@@ -120,6 +153,8 @@ def bench_decode(
             model=model, prompts=prompts, num_prompts=num_prompts, output_len=output_len,
             compare=tuple(c.strip() for c in compare.split(",") if c.strip()), dtype=dtype,
             repetitions=repetitions, warmup=warmup, check_identity=not no_check,
+            quantization=tuple(q.strip() for q in quantization.split(",") if q.strip()), lm_head_screen=lm_head_screen,
+            ppl_records=ppl_records, ppl_data=ppl_data,
         )
         result = run_decode_bench(cfg, log=(lambda *_: None) if as_json else (lambda m: typer.echo(m, err=True)))
     except ValueError as e:
@@ -127,6 +162,11 @@ def bench_decode(
     if not as_json:
         render_table(result)
     typer.echo(json.dumps(result))
+
+
+from fastgemma.cli.verify import verify  # noqa: E402  (it imports _fail from here when run)
+
+app.command("verify")(verify)
 
 
 def main() -> None:

@@ -1,0 +1,108 @@
+"""What one verification run does: `VerifyConfig` (validated once, never mutated).
+
+`ServeOptions` is the one place that knows how a model is served: `cli_args()` builds the
+`fastgemma serve` arguments, `llm_kwargs()` the in-process reference's `LLM(...)` arguments.
+A new serve option (say `--quantization`) is a field here, its flag in `cli_args()`, and —
+when it changes the model's numerics rather than only its speed — its `LLM` argument in
+`llm_kwargs()`, so that the reference decodes the same checkpoint the server does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastgemma.verify.data import PPL_FILE, PROMPTS_FILE, default_data_dir
+
+DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32")  # as `fastgemma serve --dtype` takes them
+
+# --quick: a few prompts and short outputs (about 4 minutes on a 2-core AVX2 CPU in fp32).
+QUICK = {"num_prompts": 4, "num_private_prompts": 4, "output_len": 64, "warmup": 1, "num_ppl_records": 2}
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str | None = None  # None: the embedded default model
+    dtype: str = "auto"
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"invalid --dtype {self.dtype!r}; use one of: auto, bfloat16, float32")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"--max-model-len must be >= 2 (got {self.max_model_len})")
+
+    def cli_args(self) -> list[str]:
+        """Arguments after `fastgemma serve` (host and port are added by the endpoint)."""
+        args = [self.model] if self.model else []
+        args += ["--dtype", self.dtype]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
+        return args
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        return {"model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len}
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    url: str | None = None  # an OpenAI-compatible endpoint; None: start `fastgemma serve` with `serve`
+    serve: ServeOptions = field(default_factory=ServeOptions)
+    api_key: str | None = None  # bearer token for --url
+    prompts: Path | None = None  # sharegpt JSON; None: <repo>/../shared/data/eval_prompts_sharegpt.json
+    ppl_data: Path | None = None  # PPL JSONL; None: <repo>/../shared/data/ppl_ground_truth_tokens.jsonl
+    private_prompts: Path | None = None  # None: a seeded held-out split of `prompts`
+    private_ppl_data: Path | None = None  # None: no private PPL re-run
+    num_prompts: int | None = None  # None: all (with private_prompts) or half of the prompt file
+    num_private_prompts: int | None = None  # None: as many as num_prompts (held-out: the rest)
+    num_ppl_records: int | None = None  # None: every record (first N in file order otherwise)
+    output_len: int = 512  # max_tokens with ignore_eos: every request emits exactly this many
+    warmup: int = 4  # untimed warm-up requests before each timed run
+    seed: int = 1  # prompt order, as bench_serving --seed
+    reference_ppl: float | None = None  # None: measure the plain path in-process (model known)
+    reference_outputs: Path | None = None  # plain greedy ids (JSONL); None: in-process (model known)
+    out: Path = Path("verify-out")  # summary.json, requests.jsonl, record.md, plots, serve.log
+    serve_port: int = 0  # port for the started server; 0: a free one
+    ready_timeout_s: float = 900.0  # wait this long for GET /v1/models to answer 200
+    request_timeout_s: float = 3600.0  # one request at most
+    quick: bool = False  # recorded in the summary; QUICK holds the sizes it implies
+    progress: bool = True  # progress bars on stderr
+
+    def __post_init__(self) -> None:
+        if self.url is not None and self.serve != ServeOptions():
+            raise ValueError("--model and serve options (--dtype, --max-model-len) start a server; --url uses a running one: give one or the other")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"--url must start with http:// or https:// (got {self.url!r})")
+        for name in ("num_prompts", "num_private_prompts", "num_ppl_records"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+        if self.output_len < 1:
+            raise ValueError(f"--output-len must be >= 1 (got {self.output_len})")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0 (got {self.warmup})")
+        if self.reference_ppl is not None and not (math.isfinite(self.reference_ppl) and self.reference_ppl >= 1.0):
+            raise ValueError(f"--reference-ppl must be a finite number >= 1 (got {self.reference_ppl})")
+        if not 0 <= self.serve_port <= 65535:
+            raise ValueError(f"--serve-port must be in [0, 65535] (got {self.serve_port})")
+        if self.ready_timeout_s <= 0 or self.request_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0 seconds")
+
+    @property
+    def model_known(self) -> bool:
+        """The verifier knows the checkpoint (so it can run the plain path itself)."""
+        return self.url is None
+
+    def prompts_path(self) -> Path:
+        return self.prompts or default_data_dir() / PROMPTS_FILE
+
+    def ppl_path(self) -> Path:
+        return self.ppl_data or default_data_dir() / PPL_FILE
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("api_key")  # never written to the outputs
+        d.update(prompts=str(self.prompts_path()), ppl_data=str(self.ppl_path()))
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
