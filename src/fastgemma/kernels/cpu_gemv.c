@@ -1,4 +1,4 @@
-/* Matrix-vector products for batch-1 decode on x86-64 CPUs with AVX-512.
+/* Matrix-vector products for batch-1 decode on x86-64 CPUs with AVX-512 or AVX2.
  *
  * y[n] = sum_k W[n, k] * x[k] for a row-major W [N, K]. Decode reads every weight once per
  * token, so these loops are bound by memory bandwidth. Rows are walked in memory order (one
@@ -10,20 +10,20 @@
  *   to bf16 (nearest-even, as torch rounds) or kept in fp32.
  * - gemv_f32: W and x fp32, fused multiply-add in fp32.
  * Any K is allowed: the tail of a row is handled with masked loads.
+ *
+ * Built for AVX-512 BF16 (the code below) or for AVX2 + FMA (the second half: bf16 widened to
+ * fp32 exactly, products exact, FMA sums; row tails summed in scalar). The two round their
+ * sums differently; one process uses one build for every path, plain and fast.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "bf16.h"
+#include "simd.h"
 
-/* The four row sums of acc[0..3] as one vector [s0, s1, s2, s3]. */
-static inline __m128 reduce4(const __m512 acc[4]) {
-    __m256 b[4];
-    for (int r = 0; r < 4; r++)
-        b[r] = _mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1));
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
+#if defined(__AVX512BF16__)
 
 static inline __m512bh load_bh(const uint16_t *p, __mmask32 m) {
     return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
@@ -103,3 +103,80 @@ float stream_read_f32(const float *a, int64_t n) {
     }
     return total;
 }
+
+#else /* AVX2 + FMA */
+
+static inline float row_dot_bf16_avx2(const uint16_t *w, const float *x, int64_t K) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        a0 = _mm256_fmadd_ps(widen_bf16x8(w + k), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(widen_bf16x8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    }
+    if (k + 8 <= K) { a0 = _mm256_fmadd_ps(widen_bf16x8(w + k), _mm256_loadu_ps(x + k), a0); k += 8; }
+    __m256 a = _mm256_add_ps(a0, a1);
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    r = _mm_hadd_ps(r, r);
+    r = _mm_hadd_ps(r, r);
+    float s = _mm_cvtss_f32(r);
+    for (; k < K; k++) s = fmaf(bf16_to_f32(w[k]), x[k], s);
+    return s;
+}
+
+void gemv_bf16(const uint16_t *W, const uint16_t *x, void *y, int64_t N, int64_t K, int out_f32) {
+    float stack_xf[4096];
+    float *xf = K <= 4096 ? stack_xf : (float *)malloc(sizeof(float) * (size_t)K); /* x widened once */
+    for (int64_t k = 0; k < K; k++) xf[k] = bf16_to_f32(x[k]);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float s = row_dot_bf16_avx2(W + n * K, xf, K);
+        if (out_f32) ((float *)y)[n] = s;
+        else ((uint16_t *)y)[n] = f32_to_bf16(s);
+    }
+    if (xf != stack_xf) free(xf);
+}
+
+static inline float row_dot_f32_avx2(const float *w, const float *x, int64_t K) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    }
+    if (k + 8 <= K) { a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0); k += 8; }
+    __m256 a = _mm256_add_ps(a0, a1);
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    r = _mm_hadd_ps(r, r);
+    r = _mm_hadd_ps(r, r);
+    float s = _mm_cvtss_f32(r);
+    for (; k < K; k++) s = fmaf(w[k], x[k], s);
+    return s;
+}
+
+void gemv_f32(const float *W, const float *x, float *y, int64_t N, int64_t K) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) y[n] = row_dot_f32_avx2(W + n * K, x, K);
+}
+
+/* Sum of a[0..n) (n a multiple of 64): a pure streaming read, the bandwidth probe of
+ * `fastgemma bench` — the same access pattern and threads as the GEMVs above. */
+float stream_read_f32(const float *a, int64_t n) {
+    float total = 0.f;
+    #pragma omp parallel reduction(+:total)
+    {
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i += 32) {
+            s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
+            s1 = _mm256_add_ps(s1, _mm256_loadu_ps(a + i + 8));
+            s2 = _mm256_add_ps(s2, _mm256_loadu_ps(a + i + 16));
+            s3 = _mm256_add_ps(s3, _mm256_loadu_ps(a + i + 24));
+        }
+        float part[8];
+        _mm256_storeu_ps(part, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+        for (int k = 0; k < 8; k++) total += part[k];
+    }
+    return total;
+}
+
+#endif

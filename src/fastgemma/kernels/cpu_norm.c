@@ -1,4 +1,4 @@
-/* RMSNorm rows for decode on x86-64 with AVX-512, replacing eight small torch ops.
+/* RMSNorm rows for decode (plain C, vectorised by the compiler), replacing eight small torch ops.
  *
  * y = x * rsqrt(mean(x^2) + eps) * scale   (scale optional; statistics and products in fp32,
  * y rounded to x's dtype), for `rows` contiguous rows of D values. Same maths as

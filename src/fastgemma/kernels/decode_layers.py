@@ -4,7 +4,8 @@
 the layer's weights, norm scales and cache buffers, fixed for the model's lifetime — and
 `run(h, ple, position)` fills in the per-step fields (RoPE rows, write slot, keys to attend
 over, PLE row) and runs every layer on the [1, D] hidden state in place. Same maths and
-bf16 rounding points as the torch path of models/gemma.py with native kernels.
+bf16 rounding points as the torch path of models/gemma.py with native kernels; a quantised
+`Linear` is passed as its codes and scales and multiplied by the same quantised GEMV.
 """
 
 from __future__ import annotations
@@ -18,11 +19,27 @@ from fastgemma.kernels import native
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
+class Mat(ctypes.Structure):
+    _fields_ = [("w", _ptr), ("scales", _ptr), ("kind", _i64), ("group", _i64)]
+
+
+_MAT_BF16, _MAT_Q8, _MAT_Q4 = 0, 1, 2
+
+
+def _mat(module) -> Mat:
+    """A `Linear`'s weight as the C side's `Mat`."""
+    if module.scheme is None:
+        return Mat(module.weight.data_ptr(), None, _MAT_BF16, 0)
+    kind = _MAT_Q8 if module.scheme.bits == 8 else _MAT_Q4
+    return Mat(module.qweight.data_ptr(), module.scales.data_ptr(), kind, module.scheme.group)
+
+
 class GemmaLayer(ctypes.Structure):
     _fields_ = [
         *[(n, _i64) for n in ("D", "H", "Hkv", "hd", "I", "P", "slots", "S", "slot", "k_eq_v", "v_norm")],
         ("eps", _f32), ("scaling", _f32),
-        *[(n, _ptr) for n in ("w_qkv", "w_o", "w_gu", "w_down", "w_ple_gate", "w_ple_proj", "layer_scalar")],
+        *[(n, Mat) for n in ("w_qkv", "w_o", "w_gu", "w_down", "w_ple_gate", "w_ple_proj")],
+        ("layer_scalar", _ptr),
         *[(n, _ptr) for n in ("n_in", "n_post_attn", "n_pre_ff", "n_post_ff", "n_q", "n_k", "n_post_ple")],
         *[(n, _ptr) for n in ("cos", "sin", "ple", "k_cache", "v_cache")],
     ]
@@ -58,6 +75,8 @@ class NativeDecodeLayers:
         self.buf = torch.empty(D + widest + max_hd_h + D + max(P, 1), dtype=torch.bfloat16)
         self.max_keys = max(cache.k[i].shape[1] for i in cache.k)
         self.fbuf = torch.empty(spec.num_heads * (self.max_keys + max(l.head_dim for l in spec.layers)))
+        widest_input = max(max(D, l.intermediate_size, spec.num_heads * l.head_dim) for l in spec.layers)
+        self.xf = torch.empty(max(widest_input, P))
         for i, (layer, s) in enumerate(zip(model.layers, spec.layers)):
             a, L = layer.self_attn, self.structs[i]
             src = s.kv_source
@@ -65,10 +84,10 @@ class NativeDecodeLayers:
             L.slots = cache.k[src].shape[1]
             L.k_eq_v, L.v_norm = int(s.k_eq_v), int(a.v_norm is not None)
             L.eps, L.scaling = spec.rms_norm_eps, a.scaling
-            L.w_qkv, L.w_o = _p(a.qkv_proj.weight), _p(a.o_proj.weight)
-            L.w_gu, L.w_down = _p(layer.mlp.gate_up_proj.weight), _p(layer.mlp.down_proj.weight)
+            L.w_qkv, L.w_o = _mat(a.qkv_proj), _mat(a.o_proj)
+            L.w_gu, L.w_down = _mat(layer.mlp.gate_up_proj), _mat(layer.mlp.down_proj)
             if P:
-                L.w_ple_gate, L.w_ple_proj = _p(layer.per_layer_input_gate.weight), _p(layer.per_layer_projection.weight)
+                L.w_ple_gate, L.w_ple_proj = _mat(layer.per_layer_input_gate), _mat(layer.per_layer_projection)
                 L.n_post_ple = _p(layer.post_per_layer_input_norm.scale)
             L.layer_scalar = _p(layer.layer_scalar)
             L.n_in, L.n_post_attn = _p(layer.input_layernorm.scale), _p(layer.post_attention_layernorm.scale)
@@ -98,5 +117,8 @@ class NativeDecodeLayers:
             L.slot = -1 if self.shared[i] else (position % L.slots if sliding else position)
             if ple is not None:
                 L.ple = ple.data_ptr() + i * P * 2
-        native.load().gemma_decode_layers_bf16(self.structs, len(self.structs), h.data_ptr(), self.buf.data_ptr(), self.fbuf.data_ptr())
+        native.load().gemma_decode_layers_bf16(
+            self.structs, len(self.structs), h.data_ptr(), self.buf.data_ptr(), self.fbuf.data_ptr(),
+            self.xf.data_ptr(),
+        )
         return h

@@ -4,6 +4,10 @@ Batch-1 decode multiplies one row by every weight matrix; torch's stock CPU kern
 third of the memory bandwidth there, `cpu_gemv.c` most of it. Which kernel runs is a
 property of the model (`use_native`), the same for the plain and the fast path, so both
 round identically. Multi-row inputs (prefill, scoring) and other devices use torch.
+
+A `Linear` may hold its weight quantised (`quantize_(scheme)`, kernels/quant.py): then it
+keeps `qweight` and `scales` instead of `weight`; single rows use the quantised GEMV
+(`cpu_quant_gemv.c`), everything else multiplies by the dequantised matrix.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastgemma.kernels import native
+from fastgemma.kernels import native, quant
+from fastgemma.kernels.quant import QuantScheme
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, use_native: bool) -> torch.Tensor:
@@ -33,12 +38,44 @@ def linear(x: torch.Tensor, weight: torch.Tensor, use_native: bool) -> torch.Ten
 
 
 class Linear(nn.Linear):
-    """nn.Linear without bias whose forward picks the kernel above."""
+    """nn.Linear without bias whose forward picks the kernel above (or the quantised one)."""
 
     use_native: bool = False
+    scheme: QuantScheme | None = None  # set by quantize_; then `weight` is gone
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
 
+    def quantize_(
+        self,
+        scheme: QuantScheme,
+        codes: tuple[torch.Tensor, torch.Tensor] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Store the weight as `scheme` (int4 falls back to int8 for ragged K): from the
+        current weight, or from given (qweight, scales) codes of a quantised checkpoint
+        (then `dtype` is the model's: the dtype prefill dequantises to)."""
+        self.scheme = quant.scheme_for(scheme, self.in_features)
+        qweight, scales = codes if codes is not None else quant.quantize(self.weight, self.scheme)
+        device = qweight.device if codes is not None else self.weight.device
+        self._dtype = dtype or self.weight.dtype
+        del self.weight
+        self.register_buffer("qweight", qweight.to(device).contiguous())
+        self.register_buffer("scales", scales.to(device=device, dtype=torch.float32).contiguous())
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return quant.dequantize(self.qweight, self.scales, self.scheme, self._dtype)
+
+    def nbytes(self) -> int:
+        """Bytes of weight data a product with this layer reads."""
+        if self.scheme is None:
+            return self.weight.numel() * self.weight.element_size()
+        return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * 4
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.use_native)
+        if self.scheme is None:
+            return linear(x, self.weight, self.use_native)
+        lib = native.load() if self.use_native and x.shape[0] == 1 and x.device.type == "cpu" else None
+        if lib is not None and x.dtype in (torch.bfloat16, torch.float32):
+            return quant.matvec(x, self.qweight, self.scales, self.scheme, lib)
+        return F.linear(x, self.dequantized_weight().to(x.dtype))

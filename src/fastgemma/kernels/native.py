@@ -1,9 +1,10 @@
 """Build and load the C decode kernels (`cpu_*.c` beside this file) on first use.
 
-The library is compiled once per source version with the system C compiler into
-fastgemma's cache and loaded with ctypes. Where it cannot be used (no AVX-512 BF16 CPU, no
-compiler, $FASTGEMMA_NATIVE=0) `load()` returns None and callers use torch's kernels;
-`status()` says which and why.
+The library is compiled once per source version and instruction set with the system C
+compiler into fastgemma's cache and loaded with ctypes. Two builds: AVX-512 BF16 (bf16
+products with `vdpbf16ps`) where the CPU has it, else AVX2 + FMA (bf16 widened to fp32
+exactly). Where neither can be used (an older CPU, no compiler, $FASTGEMMA_NATIVE=0)
+`load()` returns None and callers use torch's kernels; `status()` says which and why.
 """
 
 from __future__ import annotations
@@ -19,18 +20,35 @@ from pathlib import Path
 from fastgemma.config import cpu_flags
 from fastgemma.paths import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_decode_layer.c")]
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
-_REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_quant_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_decode_layer.c")]
+_COMMON_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c"]
+# (name, compiler flags, /proc/cpuinfo flags it needs), best first
+BUILDS = (
+    ("avx512bf16", [*_COMMON_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
+     ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+    ("avx2", _COMMON_FLAGS, ("avx2", "fma", "f16c")),
+)
 
 
-def _build(target: Path) -> None:
+def isa() -> tuple[str, list[str]] | None:
+    """The best build this CPU runs ($FASTGEMMA_ISA=avx2 forces the AVX2 one), or None."""
+    flags = cpu_flags()
+    forced = os.environ.get("FASTGEMMA_ISA")
+    for name, cflags, needs in BUILDS:
+        if forced and name != forced:
+            continue
+        if all(f in flags for f in needs):
+            return name, cflags
+    return None
+
+
+def _build(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise RuntimeError("no C compiler (gcc) found")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    cmd = [compiler, *FLAGS, "-o", str(tmp), *map(str, SOURCES), "-lm"]
+    cmd = [compiler, *flags, "-o", str(tmp), *map(str, SOURCES), "-lm"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     os.replace(tmp, target)
 
@@ -39,15 +57,16 @@ def _build(target: Path) -> None:
 def _load() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("FASTGEMMA_NATIVE", "1") == "0":
         return None, "disabled by FASTGEMMA_NATIVE=0"
-    missing = [f for f in _REQUIRED_CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        return None, f"CPU lacks {', '.join(missing)}"
-    inputs = [*SOURCES, SOURCES[0].with_name("bf16.h")]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs) + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"fastgemma_cpu-{digest}.so"
+    chosen = isa()
+    if chosen is None:
+        return None, "CPU lacks AVX2 + FMA (or the $FASTGEMMA_ISA build)"
+    name, flags = chosen
+    inputs = [*SOURCES, *(SOURCES[0].with_name(h) for h in ("bf16.h", "simd.h"))]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs) + " ".join(flags).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"fastgemma_cpu-{name}-{digest}.so"
     try:
         if not target.is_file():
-            _build(target)
+            _build(target, flags)
         lib = ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
@@ -55,16 +74,18 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.gemv_bf16.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int]
     lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64]
+    lib.gemv_q8.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int]
+    lib.gemv_q4.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
     lib.stream_read_f32.argtypes = [ptr, i64]
     lib.stream_read_f32.restype = ctypes.c_float
     attn_args = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr]
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
-    lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, ptr, ptr]
-    for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.attend_decode_bf16, lib.attend_decode_f32,
-               lib.rms_norm_bf16, lib.rms_norm_f32):
+    lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, ptr]
+    for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.gemv_q8, lib.gemv_q4,
+               lib.attend_decode_bf16, lib.attend_decode_f32, lib.rms_norm_bf16, lib.rms_norm_f32):
         fn.restype = None
-    return lib, f"native AVX-512 GEMV, decode attention, RMSNorm and fused bf16 decode step ({target.name})"
+    return lib, f"native {name} GEMV (bf16, fp32, int8, int4), decode attention, RMSNorm and fused bf16 decode step ({target.name})"
 
 
 def load() -> ctypes.CDLL | None:

@@ -1,0 +1,158 @@
+"""The exact lm_head screen (kernels/lm_head_screen.py).
+
+Its contract has two halves, tested separately: the per-row bound holds for every row and
+every hidden state we can think of (random, huge, tiny, sparse, and the worst case for
+Cauchy-Schwarz: h parallel to a row's quantisation residual), and the token it returns is
+the plain path's argmax, ties included (lowest id), with and without softcap.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastgemma import LLM, SamplingParams
+from fastgemma.kernels import native
+from fastgemma.kernels.lm_head_screen import LmHeadScreen
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
+
+
+def _weight(V: int, D: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(V, D, generator=g) * torch.rand(V, 1, generator=g) * 3
+    w[: V // 8] *= 0.01  # some rows far smaller than others
+    w[5] = w[V - 7]  # exact duplicates: ties in every logit
+    w[77] = w[3]
+    return w.to(dtype).contiguous()
+
+
+def _fp32_sums(weight: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """What the full-precision GEMV computes before rounding to the model dtype."""
+    lib, (V, D) = native.load(), weight.shape
+    out = torch.empty(V, dtype=torch.float32)
+    if weight.dtype == torch.bfloat16:
+        lib.gemv_bf16(weight.data_ptr(), h.contiguous().data_ptr(), out.data_ptr(), V, D, 1)
+    else:
+        lib.gemv_f32(weight.data_ptr(), h.contiguous().data_ptr(), out.data_ptr(), V, D)
+    return out
+
+
+def _hidden_states(screen: LmHeadScreen, dtype: torch.dtype, n: int = 40):
+    g = torch.Generator().manual_seed(1)
+    w = screen.weight.double()
+    residual = w - screen.qweight.double() * screen.scales.double()[:, None]
+    D = w.shape[1]
+    for i in range(n):
+        kind = i % 5
+        if kind == 0:
+            h = torch.randn(D, generator=g)
+        elif kind == 1:
+            h = torch.randn(D, generator=g) * 10.0 ** float(torch.randint(-6, 7, (), generator=g))
+        elif kind == 2:
+            h = torch.zeros(D)
+            h[torch.randint(0, D, (3,), generator=g)] = torch.randn(3, generator=g) * 100
+        elif kind == 3:  # parallel to a row's residual: Cauchy-Schwarz is tight there
+            row = int(torch.randint(0, w.shape[0], (), generator=g))
+            h = residual[row].float() / residual[row].norm().clamp(min=1e-30) * 50
+        else:  # along a row: its logit dominates
+            row = int(torch.randint(0, w.shape[0], (), generator=g))
+            h = w[row].float() + 0.01 * torch.randn(D, generator=g)
+        yield h.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("D", [640, 1000])
+def test_bound_is_never_violated(dtype, D):
+    weight = _weight(4096, D, dtype)
+    screen = LmHeadScreen(weight, lambda x: x)
+    worst = 0.0
+    for h in _hidden_states(screen, dtype):
+        approx, err = screen.bounds(h)
+        approx, err = approx.clone(), err.clone()
+        z = _fp32_sums(weight, h)
+        exact = weight.double() @ h.double()
+        assert ((z.double() - approx.double()).abs() <= err.double()).all()
+        assert ((exact - approx.double()).abs() <= err.double()).all()
+        worst = max(worst, float(((exact - approx.double()).abs() / err.double().clamp(min=1e-300)).max()))
+    assert worst > 0.5  # the residual-parallel states come close: the bound is not vacuous
+
+
+def _softcap(cap: float):
+    table = None
+
+    def finalize(x: torch.Tensor) -> torch.Tensor:
+        nonlocal table
+        if table is None:
+            every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+            table = torch.tanh(every / cap) * cap
+        return table[x.view(torch.int16).long() + 2**15]
+
+    return finalize
+
+
+@pytest.mark.parametrize("cap", [None, 30.0, 0.5])
+def test_screened_argmax_is_the_plain_argmax(cap):
+    weight = _weight(8192, 640, torch.bfloat16, seed=3)
+    finalize = (lambda x: x) if cap is None else _softcap(cap)
+    screen = LmHeadScreen(weight, finalize)
+    for h in _hidden_states(screen, torch.bfloat16, n=60):
+        plain = finalize(_fp32_sums(weight, h).to(torch.bfloat16))
+        assert screen.argmax(h[None]) == int(torch.argmax(plain))
+        assert 1 <= screen.last_candidates <= weight.shape[0]
+
+
+def test_ties_go_to_the_lowest_id():
+    weight = _weight(1024, 640, torch.bfloat16)
+    screen = LmHeadScreen(weight, lambda x: x)
+    h = weight[1024 - 7].float().to(torch.bfloat16)  # rows 5 and 1017 are equal and win
+    assert screen.argmax(h[None]) == 5
+    saturating = _softcap(0.5)  # every large logit saturates to the same bf16 value
+    screen = LmHeadScreen(weight, saturating)
+    h = (weight[100].float() * 50).to(torch.bfloat16)
+    plain = saturating(_fp32_sums(weight, h).to(torch.bfloat16))
+    assert (plain == plain.max()).sum() > 1 and screen.argmax(h[None]) == int(torch.argmax(plain))
+
+
+def test_non_finite_hidden_state_falls_back_to_the_full_head():
+    weight = _weight(512, 640, torch.bfloat16)
+    screen = LmHeadScreen(weight, lambda x: x)
+    h = torch.full((1, 640), float("inf"), dtype=torch.bfloat16)
+    assert screen.argmax(h) == int(torch.argmax(_fp32_sums(weight, h[0]).to(torch.bfloat16)))
+    assert screen.last_candidates == 512
+
+
+def test_softcap_table_is_monotone(tiny_e4b):
+    llm = LLM(str(tiny_e4b), dtype="bfloat16", device="cpu", max_model_len=64)
+    assert llm.model.spec.final_softcap is not None
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    finite = every[torch.isfinite(every)].float().sort().values.to(torch.bfloat16)
+    out = llm.model.finalize_logits(finite).float()
+    assert (out[1:] >= out[:-1]).all()
+
+
+@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_gemma3"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_screened_greedy_decoding_is_identical(name, dtype, request):
+    llm = LLM(str(request.getfixturevalue(name)), dtype=dtype, device="cpu", max_model_len=128)
+    model = llm.model
+    if not model.screen_supported():
+        pytest.skip("fp32 with a softcap: the screen is off by design")
+    assert model.lm_head_screen is not None
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    prompts = [[1, 2, 3], list(range(5, 40)), [9] * 12]
+    screened = [o.token_ids for o in llm.generate(prompts, params)]
+    model.set_native_kernels(True, lm_head_screen=False)
+    assert model.lm_head_screen is None
+    assert screened == [o.token_ids for o in llm.generate(prompts, params)]
+
+
+def test_screened_greedy_is_identical_on_the_embedded_model(eval_prompts):
+    """Several real prompts x 256 tokens, bf16: the screen changes nothing."""
+    llm = LLM(dtype="bfloat16")
+    assert llm.model.lm_head_screen is not None
+    prompts = [llm.chat_prompt_ids([{"role": "user", "content": p}]) for p in eval_prompts[:3]]
+    params = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
+    screened = [o.token_ids for o in llm.generate(prompts, params)]
+    llm.model.set_native_kernels(True, lm_head_screen=False)
+    assert screened == [o.token_ids for o in llm.generate(prompts, params)]
