@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fastgemma.kernels.quant import QuantScheme
+
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
 
@@ -54,8 +56,10 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output tokens; None = min(model maximum, 32768)
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None = cuda when available
     prefill_chunk: int = 512  # prompt tokens per prefill forward (bounds activation memory)
-    kernels: str = "auto"  # auto: fastgemma's CPU GEMV where the CPU has AVX-512 BF16; torch: stock only
+    kernels: str = "auto"  # auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA; torch: stock only
     threads: int | None = None  # CPU threads; None = the physical cores
+    quantization: str = "none"  # body linears: none | int8 | int4-g32 | int4-g128 (kernels/quant.py)
+    lm_head_screen: bool = True  # greedy tokens through the exact int8 lm_head screen where supported
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -66,6 +70,7 @@ class EngineConfig:
             raise ValueError(f"invalid kernels {self.kernels!r}; use auto or torch")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 (got {self.threads})")
+        self.quant_scheme()  # raises on an unknown scheme
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if self.device is not None:
@@ -76,17 +81,26 @@ class EngineConfig:
             if dev.type == "cuda" and not torch.cuda.is_available():
                 raise ValueError("device cuda requested but no CUDA device is available; use --device cpu")
 
+    def quant_scheme(self) -> QuantScheme | None:
+        return QuantScheme.parse(self.quantization)
+
     def torch_device(self) -> torch.device:
         if self.device is not None:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def torch_dtype(self) -> torch.dtype:
-        """auto: bf16 on CUDA and on CPUs with native bf16 maths, fp32 elsewhere."""
+        """auto: bf16 on CUDA, on CPUs with native bf16 maths, and where fastgemma's own CPU
+        kernels run (they read bf16 weights, half the bytes, and widen them exactly to fp32);
+        fp32 where only torch's stock CPU kernels are left (slow in bf16 without hardware)."""
+        from fastgemma.kernels import native  # here: native imports this module
+
         explicit = DTYPES[self.dtype]
         if explicit is not None:
             return explicit
         if self.torch_device().type == "cuda" or cpu_has_fast_bf16():
+            return torch.bfloat16
+        if self.kernels == "auto" and native.load() is not None:
             return torch.bfloat16
         return torch.float32
 

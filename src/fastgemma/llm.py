@@ -39,18 +39,23 @@ class LLM:
         prefill_chunk: int = 512,
         kernels: str = "auto",
         threads: int | None = None,
+        quantization: str | None = None,
+        lm_head_screen: bool = True,
     ):
         self.config = EngineConfig(
             model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk,
-            kernels=kernels, threads=threads,
+            kernels=kernels, threads=threads, quantization=quantization or "none", lm_head_screen=lm_head_screen,
         )
         if self.config.torch_device().type == "cpu":
             torch.set_num_threads(self.config.threads or physical_cores())
         loaded = load(self.config)
-        loaded.model.set_native_kernels(self.config.kernels == "auto" and native.load() is not None)
+        loaded.model.set_native_kernels(
+            self.config.kernels == "auto" and native.load() is not None, lm_head_screen=self.config.lm_head_screen
+        )
         self.source, self.spec, self.tokenizer = loaded.source, loaded.spec, loaded.tokenizer
         self.model = loaded.model
         self.max_model_len = loaded.max_model_len
+        self.quantization = loaded.quantization
         self.runner = ModelRunner(loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk)
         self.engine = LLMEngine(self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size)
 

@@ -3,7 +3,7 @@
     def step(self):
         seq, is_prefill = self.schedule()
         logits = self.runner.prefill(...) if is_prefill else self.runner.decode(...)
-        token_id = sample(logits, seq.params, seq.generator)
+        token_id = sample(logits, seq.params, seq.generator)   # greedy decode: decode_greedy(...)
         self.postprocess(seq, token_id, logits)
 
 One sequence runs at a time (batch 1, the challenge's concurrency 1); the others wait.
@@ -74,13 +74,17 @@ class LLMEngine:
         seq, is_prefill = self.schedule()
         if is_prefill:
             logits = self.runner.prefill(seq.prompt_token_ids)
+        elif seq.params.greedy and seq.params.logprobs is None:
+            logits = None  # only the argmax is wanted: the runner may screen the lm_head
+            token_id = self.runner.decode_greedy(seq.last_token_id, seq.num_tokens - 1)
         else:
             logits = self.runner.decode(seq.last_token_id, seq.num_tokens - 1)
-        token_id = sample(logits, seq.params, seq.generator)
+        if logits is not None:
+            token_id = sample(logits, seq.params, seq.generator)
         self.postprocess(seq, token_id, logits)
         return seq
 
-    def postprocess(self, seq: Sequence, token_id: int, logits: torch.Tensor) -> None:
+    def postprocess(self, seq: Sequence, token_id: int, logits: torch.Tensor | None) -> None:
         seq.output_token_ids.append(token_id)
         if seq.params.logprobs is not None:
             seq.output_logprobs.append(_token_logprobs(logits, token_id, seq.params.logprobs))

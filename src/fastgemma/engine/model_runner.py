@@ -5,6 +5,8 @@ into logits. Knows nothing of sampling, stopping or text.
 
 - `prefill(ids)`: the prompt in chunks of `prefill_chunk` tokens; logits of the last one.
 - `decode(id, position)`: one token through every layer; its logits.
+- `decode_greedy(id, position)`: the same step when only its argmax is wanted (greedy, no
+  logprobs): the model may pick it through the exact lm_head screen.
 - `prompt_logprobs(ids, top)`: every position's log-softmax (teacher forcing), computed in
   slices so that no [T, V] tensor larger than `logits_chunk` rows exists at once.
 """
@@ -64,6 +66,11 @@ class ModelRunner:
     def decode(self, token_id: int, position: int) -> torch.Tensor:
         hidden = self._forward([token_id], position, None)  # [1, D]
         return self.model.compute_logits(hidden)[0]
+
+    @torch.inference_mode()
+    def decode_greedy(self, token_id: int, position: int) -> int:
+        hidden = self._forward([token_id], position, None)  # [1, D]
+        return self.model.greedy_token(hidden)
 
     @torch.inference_mode()
     def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[PositionLogprob | None]:

@@ -17,6 +17,9 @@ Prefill shortcut (Gemma 4): when only some positions' hidden states are wanted (
 the KV-shared layers run on those positions only; scoring passes keep=None (all).
 Fused decode (bf16 on CPU): a one-token step runs every layer in one native call
 (kernels/decode_layers.py) with the same rounding as the loop below, bit for bit.
+Greedy tokens: `greedy_token(hidden)` is argmax(compute_logits(hidden)); with the lm_head
+screen on (kernels/lm_head_screen.py) it gets the same token from an int8 copy of lm_head
+plus a few exactly recomputed rows.
 
 This module owns no cache and no sampling; it reads and writes the cache it is given.
 """
@@ -30,6 +33,7 @@ from torch import nn
 
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels import decode_layers
+from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.kernels.linear import Linear, linear
 from fastgemma.models.attention import KV, Attention
 from fastgemma.models.layers import RMSNorm, gelu_tanh, rope_table
@@ -123,16 +127,32 @@ class GemmaForCausalLM(nn.Module):
     use_native = False
     fused_decode = False  # bf16 CPU decode: all layers in one native call (kernels/decode_layers.py)
     _decode_layers = None
+    lm_head_screen: LmHeadScreen | None = None
+    _softcap_table: torch.Tensor | None = None
 
-    def set_native_kernels(self, enabled: bool, fused_decode: bool = True) -> None:
+    def set_native_kernels(self, enabled: bool, fused_decode: bool = True, lm_head_screen: bool = True) -> None:
         """Use fastgemma's CPU kernels for single-token steps (kernels/); `fused_decode` runs
-        a bf16 decode step's layers in one native call where supported."""
+        a bf16 decode step's layers in one native call where supported; `lm_head_screen`
+        picks greedy tokens through the exact int8 screen where supported."""
         self.use_native = enabled
         self.fused_decode = enabled and fused_decode and decode_layers.supported(self)
         self._decode_layers = None
         for module in self.modules():
             if isinstance(module, (Linear, Attention, RMSNorm)):
                 module.use_native = enabled
+        screen = enabled and lm_head_screen and self.screen_supported()
+        if not screen:
+            self.lm_head_screen = None
+        elif self.lm_head_screen is None:
+            self.lm_head_screen = LmHeadScreen(self.lm_head_weight(), self.finalize_logits)
+
+    def screen_supported(self) -> bool:
+        """CPU, our GEMV for lm_head, and a provably monotone output rounding: bf16 (the
+        softcap is a table, checked), or fp32 without softcap."""
+        w = self.lm_head_weight()
+        if w.device.type != "cpu" or not self.use_native or w.dtype not in (torch.bfloat16, torch.float32):
+            return False
+        return w.dtype == torch.bfloat16 or self.spec.final_softcap is None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -197,11 +217,29 @@ class GemmaForCausalLM(nn.Module):
             h = h[keep]
         return self.norm(h)
 
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[K, D] normed hidden states -> [K, V] logits (softcapped when the config says so)."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(hidden, weight, self.use_native)
+        return self.finalize_logits(linear(hidden, self.lm_head_weight(), self.use_native))
+
+    def greedy_token(self, hidden: torch.Tensor) -> int:
+        """[1, D] -> argmax of compute_logits(hidden) (lowest id on ties), screened when on."""
+        if self.lm_head_screen is not None and hidden.device.type == "cpu":
+            return self.lm_head_screen.argmax(hidden)
+        return int(torch.argmax(self.compute_logits(hidden)[0]))
+
+    def finalize_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Softcap tanh(x / cap) * cap in the logits' dtype; identity without a cap. For bf16
+        it is a lookup in the table of its value at every bf16 number, so that each logit's
+        rounding depends on its value only (not on where it sits in a vectorised loop)."""
         cap = self.spec.final_softcap
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        if cap is None:
+            return logits
+        if logits.dtype != torch.bfloat16:
+            return torch.tanh(logits / cap) * cap
+        if self._softcap_table is None or self._softcap_table.device != logits.device:
+            every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+            self._softcap_table = (torch.tanh(every.to(logits.device) / cap) * cap).contiguous()  # [65536]
+        return self._softcap_table[logits.view(torch.int16).long() + 2**15]

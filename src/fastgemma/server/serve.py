@@ -1,7 +1,8 @@
 """Run the server: `run_server(...)` (what `fastgemma serve` calls) and `ServerThread` (tests).
 
     run_server(model=None, host="127.0.0.1", port=8000, served_model_name=None,
-               api_key=None, dtype="auto", max_model_len=None, max_queue=64)
+               api_key=None, dtype="auto", max_model_len=None, max_queue=64,
+               quantization="none", lm_head_screen=True)
 
 `settings_from_env` fills unset options from the environment (`MODEL_ID`,
 `SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
@@ -60,6 +61,8 @@ def run_server(
     max_model_len: int | None = None,
     max_queue: int = DEFAULT_MAX_QUEUE,
     log_level: str = "info",
+    quantization: str = "none",
+    lm_head_screen: bool = True,
 ) -> None:
     """Load the model and serve it until interrupted (blocking).
 
@@ -72,10 +75,12 @@ def run_server(
 
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
-    llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len)
+    llm = LLM(
+        model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization, lm_head_screen=lm_head_screen
+    )
     app = build_app(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue)
     name = app.state.fastgemma.served_model_name
-    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}) on http://{host}:{port}/v1", flush=True)
+    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, quantization {llm.quantization}) on http://{host}:{port}/v1", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 

@@ -1,7 +1,8 @@
 """Checkpoint resolution and loading: from the user's `model` argument to a ready decoder.
 
 `load(config)` is the one entry point: resolve the source, read its config, build the
-`ArchSpec`, read the tensors, build the decoder, and load the tokenizer.
+`ArchSpec`, read the tensors, build the decoder (quantising it when `config.quantization`
+asks and the checkpoint is not quantised already), and load the tokenizer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastgemma.models.spec import ArchSpec, arch_spec_from_config
 from fastgemma.tokenizer import Tokenizer
 from fastgemma.weights.checkpoint import generation_eos_ids, gguf_meta_folder, iter_tensors, load_config
 from fastgemma.weights.loader import load_model
+from fastgemma.weights.quantize import checkpoint_scheme
 from fastgemma.weights.source import ModelSource, resolve_model
 
 
@@ -24,6 +26,7 @@ class LoadedModel:
     model: GemmaForCausalLM
     tokenizer: Tokenizer
     max_model_len: int
+    quantization: str  # the scheme the decoder runs with ("none" when unquantised)
 
 
 def load(config: EngineConfig) -> LoadedModel:
@@ -31,8 +34,20 @@ def load(config: EngineConfig) -> LoadedModel:
     hf_config = load_config(source)
     spec = arch_spec_from_config(hf_config, extra_eos_ids=generation_eos_ids(source))
     max_model_len = config.resolve_max_model_len(spec.max_position_embeddings)
+    stored = checkpoint_scheme(hf_config)
+    wanted = config.quant_scheme()
+    if stored is not None and wanted is not None and wanted != stored:
+        raise ValueError(
+            f"{source.name} is already quantised as {stored.name}; drop --quantization or pass the original model"
+        )
     tensors = dict(iter_tensors(source))
-    model = load_model(spec, tensors, config.torch_dtype(), config.torch_device(), max_model_len)
+    model = load_model(
+        spec, tensors, config.torch_dtype(), config.torch_device(), max_model_len, stored,
+        quantize_to=None if stored is not None else wanted,
+    )
     del tensors
+    scheme = stored or wanted
     folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
-    return LoadedModel(source, spec, model, Tokenizer.from_folder(folder), max_model_len)
+    return LoadedModel(
+        source, spec, model, Tokenizer.from_folder(folder), max_model_len, scheme.name if scheme else "none"
+    )

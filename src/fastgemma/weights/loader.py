@@ -5,14 +5,19 @@ Owns the mapping from Hugging Face decoder names to our parameters, including th
 offset + w, after rounding w to the model dtype, as the references do). KV-shared layers'
 k/v weights, which Google's Gemma 4 checkpoints carry and re-saved ones omit, are ignored
 either way. A tensor the decoder needs and the checkpoint lacks is an error naming it.
+A quantised checkpoint (weights/quantize.py) has `qweight` + `scales` in place of the body
+linears' `weight`: they are concatenated the same way and loaded into quantised `Linear`s.
 """
 
 from __future__ import annotations
 
 import torch
 
+from fastgemma.kernels import quant
+from fastgemma.kernels.quant import QuantScheme
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec
+from fastgemma.weights.quantize import is_quantized_linear
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
@@ -56,18 +61,44 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     max_model_len: int,
+    stored: QuantScheme | None = None,
+    quantize_to: QuantScheme | None = None,
 ) -> GemmaForCausalLM:
-    """Build the decoder on `device` in `dtype` from `tensors` (decoder names, any dtype)."""
+    """Build the decoder on `device` in `dtype` from `tensors` (decoder names, any dtype).
+    `stored`: the checkpoint's quantisation (its body linears are codes and scales);
+    `quantize_to`: quantise an unquantised checkpoint's body linears from the stored
+    weights (before rounding to `dtype`, as `fastgemma quantize` does)."""
+    assert stored is None or quantize_to is None
     required = _required(spec)
+    scheme = stored or quantize_to
+    bases = [k.removesuffix(".weight") for k in required if scheme is not None and _is_quantized(required, k)]
+    if stored is not None:
+        required = _quantized_required(required)
     missing = sorted({n for names in required.values() for n in names if n not in tensors})
     if missing:
         shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
         raise ValueError(f"checkpoint is missing tensors the decoder needs: {shown}")
     with torch.device("meta"):
         model = GemmaForCausalLM(spec, max_model_len)
+    codes = {}
+    for base in bases:
+        module = model.get_submodule(base)
+        if stored is not None:
+            qweight = torch.cat([tensors[n] for n in required[base + ".qweight"]], dim=0)
+            scales = torch.cat([tensors[n].float() for n in required[base + ".scales"]], dim=0)
+            _check_codes(base, module, stored, qweight, scales)
+        else:  # per-row schemes: quantising the fused matrix = quantising its parts
+            weight = torch.cat([tensors[n] for n in required[base + ".weight"]], dim=0)
+            qweight, scales = quant.quantize(weight, quant.scheme_for(quantize_to, weight.shape[1]))
+            del required[base + ".weight"]
+        codes[base + ".qweight"], codes[base + ".scales"] = qweight, scales
+        module.quantize_(scheme, (qweight, scales), dtype=dtype)
     expected = model.state_dict()
     state: dict[str, torch.Tensor] = {}
+    state.update({key: value.to(device) for key, value in codes.items()})
     for key, names in required.items():
+        if key in codes:
+            continue
         parts = [tensors[n] for n in names]
         if key.endswith(".scale"):
             value = parts[0].to(dtype).float() + spec.norm_offset
@@ -84,3 +115,33 @@ def load_model(
     assert not unset, f"loader does not fill {sorted(unset)}"
     model.load_state_dict(state, assign=True)
     return model.to_device(device).eval()
+
+
+def _is_quantized(required: dict[str, list[str]], key: str) -> bool:
+    """Our parameter `key` is a quantised linear: the checkpoint matrices it fuses are."""
+    return key.endswith(".weight") and all(is_quantized_linear(n) for n in required[key])
+
+
+def _quantized_required(required: dict[str, list[str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, names in required.items():
+        if _is_quantized(required, key):
+            base = key.removesuffix(".weight")
+            out[base + ".qweight"] = [n.removesuffix(".weight") + ".qweight" for n in names]
+            out[base + ".scales"] = [n.removesuffix(".weight") + ".scales" for n in names]
+        else:
+            out[key] = names
+    return out
+
+
+def _check_codes(name: str, module, scheme: QuantScheme, qweight: torch.Tensor, scales: torch.Tensor) -> None:
+    s = quant.scheme_for(scheme, module.in_features)
+    N, K = module.out_features, module.in_features
+    want_q = (torch.int8, (N, K)) if s.bits == 8 else (torch.uint8, (N, K // 2))
+    want_s = (N,) if s.bits == 8 else (N, K // s.group)
+    if (qweight.dtype, tuple(qweight.shape)) != want_q or tuple(scales.shape) != want_s:
+        raise ValueError(
+            f"{name}: codes {qweight.dtype} {tuple(qweight.shape)} / scales {tuple(scales.shape)} do not fit "
+            f"scheme {s.name} for a {N}x{K} matrix (expected {want_q[0]} {want_q[1]} / {want_s}); "
+            "re-create the folder with `fastgemma quantize`"
+        )
