@@ -41,10 +41,39 @@ def test_bench_decode_json(tiny_text_model, tmp_path):
     fg = out["engines"]["fastgemma"]
     assert fg["decode_tok_s"] > 0 and fg["prefill_tok_s"] > 0 and fg["bandwidth_fraction"] > 0
     assert "transformers" in out["engines"]
-    assert out["greedy_identity_vs_torch_kernels"] == {
-        "checked": True, "identical_prompts": 2, "prompts": 2, "first_divergence": [None, None]
+    assert out["greedy_identity_vs_plain_path"] == {
+        "checked": True, "fastgemma": {"identical_prompts": 2, "prompts": 2, "first_divergence": [None, None]}
     }
     assert any("llama.cpp skipped" in n for n in out["notes"])  # a safetensors folder has no GGUF
+
+
+def test_bench_decode_schemes_side_by_side_with_ppl(tiny_text_model, tmp_path):
+    prompts = tmp_path / "p.json"
+    items = [{"conversations": [{"from": "human", "value": "Tell me a story."}]}]
+    prompts.write_text(json.dumps(items))
+    ppl = tmp_path / "ppl.jsonl"
+    ppl.write_text("\n".join(json.dumps({"id": i, "context_token_ids": [2, 5 + i, 9], "target_token_ids": [7, 8, 11, 3]}) for i in range(2)))
+    result = CliRunner().invoke(
+        app,
+        ["bench", "decode", "--model", str(tiny_text_model), "--prompts", str(prompts), "--num-prompts", "1",
+         "--output-len", "12", "--dtype", "bfloat16", "--quantization", "none,int8,int4-g32",
+         "--ppl-records", "2", "--ppl-data", str(ppl), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    engines = out["engines"]
+    assert set(engines) == {"fastgemma", "fastgemma int8", "fastgemma int4-g32"}
+    assert engines["fastgemma"]["ppl_delta_pct"] == 0 and engines["fastgemma"]["ppl_tokens"] == 8
+    assert engines["fastgemma int8"]["bytes_per_token"] < engines["fastgemma"]["bytes_per_token"]
+    assert engines["fastgemma int4-g32"]["bytes_per_token"] < engines["fastgemma int8"]["bytes_per_token"]
+    assert all(e["ppl"] > 1 for e in engines.values())
+    for name in engines:
+        assert out["greedy_identity_vs_plain_path"][name]["identical_prompts"] == 1
+
+
+def test_bench_rejects_unknown_scheme():
+    result = CliRunner().invoke(app, ["bench", "decode", "--quantization", "int3"])
+    assert result.exit_code == 2 and "unknown quantization 'int3'" in result.output
 
 
 def test_bench_rejects_bad_prompts_file(tmp_path):

@@ -12,11 +12,16 @@ from fastgemma.models.gemma import GemmaForCausalLM
 
 
 def weight_bytes_per_token(model: GemmaForCausalLM) -> int:
-    """Linear weights (all read per token) + the lm_head + one embedding row per table."""
-    total = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, Linear))
+    """Linear weights (all read per token, quantised ones as stored) + the lm_head (its int8
+    screen copy when the screen is on, which greedy decoding reads instead) + one
+    embedding row per table."""
+    total = sum(m.nbytes() for m in model.modules() if isinstance(m, Linear) and m is not model.lm_head)
     emb = model.embed_tokens.weight
-    if model.lm_head is None:
-        total += emb.numel() * emb.element_size()  # tied lm_head reads the whole table
+    head = model.lm_head_weight()
+    if model.lm_head_screen is not None:
+        total += model.lm_head_screen.nbytes()
+    else:
+        total += head.numel() * head.element_size()
     total += emb.shape[1] * emb.element_size()  # the token's embedding row
     if model.spec.per_layer_input_size:
         ple = model.embed_tokens_per_layer.weight

@@ -9,10 +9,12 @@ of prefill tok/s (prompt tokens / time to first token), decode tok/s ((output_le
 time from first to last token), TTFT and ms per token, each with its spread (stdev).
 For fastgemma also: the bytes a decode step reads (its cost model at the mean context),
 the GB/s that implies, and its fraction of the read bandwidth measured in the same run.
-Greedy agreement: fastgemma's outputs are compared, prompt by prompt, with the same model
-and dtype run on torch's stock kernels only (`kernels="torch"`). In fp32 they must agree;
-in bf16 our GEMV rounds differently from torch's, so a divergence there is reported, not
-hidden (the plain path of a checkpoint uses the same kernels as its fast paths).
+Schemes: `quantization` lists the weight schemes to run (kernels/quant.py), each its own
+fastgemma engine ("fastgemma", "fastgemma int8", ...) in the same alternation.
+Greedy identity: each fastgemma engine's outputs are compared, prompt by prompt, with the
+same loaded model on its plain path (one op at a time, full lm_head: no fused step, no
+screen); they must agree. `ppl_records` > 0 also scores that many challenge PPL records per
+scheme and reports the PPL and its change against the unquantised model.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 from fastgemma.bench.bandwidth import read_bandwidth_gb_s
 from fastgemma.bench.cost_model import bytes_per_token
 from fastgemma.bench.engines import FastgemmaEngine, LlamaCppEngine, Timing, TransformersEngine
+from fastgemma.bench.ppl import load_ppl_records, perplexity
+from fastgemma.kernels.quant import QuantScheme
 from fastgemma.config import physical_cores
 
 COMPARE_ENGINES = ("transformers", "llama.cpp")
@@ -42,8 +46,18 @@ class DecodeBenchConfig:
     repetitions: int = 1
     warmup: int = 1
     check_identity: bool = True
+    quantization: tuple[str, ...] = ("none",)
+    lm_head_screen: bool = True
+    ppl_records: int = 0
+    ppl_data: Path | None = None  # JSONL; None = the challenge's PPL records beside the repo
 
     def __post_init__(self) -> None:
+        for name in self.quantization:
+            QuantScheme.parse(name)
+        if not self.quantization or len(set(self.quantization)) != len(self.quantization):
+            raise ValueError("--quantization needs one or more distinct schemes")
+        if self.ppl_records < 0:
+            raise ValueError("--ppl-records must be >= 0")
         unknown = [c for c in self.compare if c not in COMPARE_ENGINES]
         if unknown:
             raise ValueError(f"unknown --compare engine {unknown[0]!r}; choose from {', '.join(COMPARE_ENGINES)}")
@@ -80,19 +94,28 @@ class EngineRuns:
         return out
 
 
+def _shared_data(name: str) -> Path:
+    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / name
+
+
 def _default_prompts() -> Path:
-    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / "eval_prompts_sharegpt.json"
+    return _shared_data("eval_prompts_sharegpt.json")
 
 
 def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
     from fastgemma import LLM, SamplingParams
 
     texts = load_sharegpt_prompts(cfg.prompts or _default_prompts(), cfg.num_prompts)
-    llm = LLM(model=cfg.model, dtype=cfg.dtype)
+    records = load_ppl_records(cfg.ppl_data or _shared_data("ppl_ground_truth_tokens.jsonl"), cfg.ppl_records) if cfg.ppl_records else []
+    llms = [
+        LLM(model=cfg.model, dtype=cfg.dtype, quantization=q, lm_head_screen=cfg.lm_head_screen) for q in cfg.quantization
+    ]
+    llm = llms[0]
     prompts = [llm.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts]
     max_len = max(map(len, prompts)) + cfg.output_len + 1
     dtype = llm.model.dtype
-    engines: list[Any] = [FastgemmaEngine(llm)]
+    engines: list[Any] = [FastgemmaEngine(m) for m in llms]
+    ours = {e.name: e.llm for e in engines}
     notes: list[str] = []
     for name in cfg.compare:
         try:
@@ -112,35 +135,47 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
             engine.run(prompts[0][:64], 8)
     bandwidth = read_bandwidth_gb_s()
     results = {e.name: EngineRuns() for e in engines}
-    outputs: dict[int, list[int]] = {}
+    outputs: dict[str, dict[int, list[int]]] = {name: {} for name in ours}
     for rep in range(cfg.repetitions):
         for i, ids in enumerate(prompts):
             order = engines[rep % len(engines) :] + engines[: rep % len(engines)]
             for engine in order:
                 timing = engine.run(ids, cfg.output_len)
                 results[engine.name].runs.append((len(ids), timing))
-                if engine.name == "fastgemma":
-                    outputs[i] = timing.token_ids
+                if engine.name in ours:
+                    outputs[engine.name][i] = timing.token_ids
             log(f"pass {rep + 1}/{cfg.repetitions}, prompt {i + 1}/{len(prompts)} ({len(ids)} tokens) done")
 
     stats = {name: runs.stats(cfg.output_len) for name, runs in results.items()}
     mean_context = statistics.mean(len(p) for p in prompts) + cfg.output_len / 2
-    step_bytes = bytes_per_token(llm.model, int(mean_context))
-    fg = stats["fastgemma"]
-    fg["achieved_gb_s"] = step_bytes / (fg["ms_per_token"] / 1000) / 1e9
-    fg["bandwidth_fraction"] = fg["achieved_gb_s"] / bandwidth
+    for name, m in ours.items():
+        s = stats[name]
+        s["quantization"] = m.quantization
+        s["lm_head_screen"] = m.model.lm_head_screen is not None
+        s["bytes_per_token"] = bytes_per_token(m.model, int(mean_context))
+        s["achieved_gb_s"] = s["bytes_per_token"] / (s["ms_per_token"] / 1000) / 1e9
+        s["bandwidth_fraction"] = s["achieved_gb_s"] / bandwidth
+    step_bytes = stats[engines[0].name]["bytes_per_token"]
 
     identity: dict[str, Any] = {"checked": False}
     if cfg.check_identity:
-        plain = LLM(model=cfg.model, dtype=cfg.dtype, kernels="torch", max_model_len=max_len)
         params = SamplingParams(max_tokens=cfg.output_len, temperature=0.0, ignore_eos=True)
-        first_diff = []
-        for i, ids in enumerate(prompts):
-            ref = plain.generate([ids], params)[0].token_ids
-            got = outputs[i]
-            first_diff.append(next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), None))
-        identical = sum(d is None for d in first_diff)
-        identity = {"checked": True, "identical_prompts": identical, "prompts": len(prompts), "first_divergence": first_diff}
+        identity = {"checked": True}
+        for name, m in ours.items():
+            m.model.set_native_kernels(m.model.use_native, fused_decode=False, lm_head_screen=False)
+            first_diff = []
+            for i, ids in enumerate(prompts):
+                ref = m.generate([ids], params)[0].token_ids
+                first_diff.append(next((j for j, (a, b) in enumerate(zip(outputs[name][i], ref)) if a != b), None))
+            identity[name] = {
+                "identical_prompts": sum(d is None for d in first_diff), "prompts": len(prompts), "first_divergence": first_diff
+            }
+    if records:
+        reference = ours.get("fastgemma") or LLM(model=cfg.model, dtype=cfg.dtype)
+        ref_ppl, n_tokens = perplexity(reference, records)
+        for name, m in ours.items():
+            ppl = ref_ppl if m is reference else perplexity(m, records)[0]
+            stats[name].update(ppl=ppl, ppl_delta_pct=100 * (ppl / ref_ppl - 1), ppl_tokens=n_tokens)
     return {
         "engines": stats,
         "read_bandwidth_gb_s": bandwidth,
@@ -152,7 +187,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         "num_prompts": len(prompts),
         "output_len": cfg.output_len,
         "repetitions": cfg.repetitions,
-        "greedy_identity_vs_torch_kernels": identity,
+        "greedy_identity_vs_plain_path": identity,
         "notes": notes,
     }
 
@@ -162,19 +197,25 @@ def render_table(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"decode bench: {result['model']} {result['dtype']}, batch 1, {result['output_len']} tokens")
-    for col in ("engine", "prefill tok/s", "decode tok/s", "TTFT ms", "ms/token", "GB/s", "of bandwidth"):
+    with_ppl = any("ppl" in s for s in result["engines"].values())
+    cols = ["engine", "prefill tok/s", "decode tok/s", "TTFT ms", "ms/token", "MB/token", "GB/s", "of bandwidth"]
+    for col in cols + (["PPL", "ΔPPL"] if with_ppl else []):
         table.add_column(col, justify="right")
     for name, s in result["engines"].items():
         gb = f"{s['achieved_gb_s']:.1f}" if "achieved_gb_s" in s else ""
         frac = f"{100 * s['bandwidth_fraction']:.0f}%" if "bandwidth_fraction" in s else ""
+        mb = f"{s['bytes_per_token'] / 1e6:.0f}" if "bytes_per_token" in s else ""
+        ppl = [f"{s['ppl']:.4f}", f"{s['ppl_delta_pct']:+.2f}%"] if "ppl" in s else ([""] * 2 if with_ppl else [])
         table.add_row(
             name,
             f"{s['prefill_tok_s']:.1f} ± {s['prefill_tok_s_sd']:.1f}",
             f"{s['decode_tok_s']:.1f} ± {s['decode_tok_s_sd']:.1f}",
             f"{s['ttft_ms']:.0f}",
             f"{s['ms_per_token']:.1f}",
+            mb,
             gb,
             frac,
+            *ppl,
         )
     console = Console(stderr=False)
     console.print(table)
@@ -182,9 +223,12 @@ def render_table(result: dict[str, Any]) -> None:
         f"read bandwidth {result['read_bandwidth_gb_s']:.1f} GB/s; fastgemma step reads "
         f"{result['bytes_per_token'] / 1e6:.0f} MB ({result['kernels']} kernels, {result['threads']} threads)"
     )
-    ident = result["greedy_identity_vs_torch_kernels"]
-    if ident["checked"]:
+    ident = result["greedy_identity_vs_plain_path"]
+    for name, entry in ident.items():
+        if name == "checked":
+            continue
+        same, n = entry["identical_prompts"], entry["prompts"]
         console.print(
-            f"greedy tokens vs torch's stock kernels: {ident['identical_prompts']}/{ident['prompts']} prompts identical"
-            + ("" if ident["identical_prompts"] == ident["prompts"] else f" (first divergence {ident['first_divergence']})")
+            f"{name}: greedy tokens vs its plain path: {same}/{n} prompts identical"
+            + ("" if same == n else f" (first divergence {entry['first_divergence']})")
         )

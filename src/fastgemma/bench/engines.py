@@ -21,10 +21,11 @@ class Timing:
 
 
 class FastgemmaEngine:
-    name = "fastgemma"
+    """fastgemma's engine loop on a loaded `LLM`; named "fastgemma" or "fastgemma int8", ..."""
 
     def __init__(self, llm):
         self.llm = llm
+        self.name = "fastgemma" if llm.quantization == "none" else f"fastgemma {llm.quantization}"
 
     def run(self, ids: list[int], output_len: int) -> Timing:
         from fastgemma import SamplingParams
