@@ -20,6 +20,10 @@ def verify(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Start `fastgemma serve MODEL` (default: the embedded model)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Serve option: auto | bfloat16 | float32."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Serve option: prompt + output tokens."),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization", "-q",
+        help="Serve option: none | int8 | int4-g32 | int4-g128 at load; PPL is capped against the unquantised model.",
+    ),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="sharegpt JSON (default: the challenge prompts)."),
     ppl_data: Optional[Path] = typer.Option(None, "--ppl-data", help="PPL records JSONL (default: the challenge records)."),
     private_prompts: Optional[Path] = typer.Option(None, "--private-prompts", help="Private sharegpt JSON (default: a held-out split)."),
@@ -52,9 +56,13 @@ def verify(
              "num_ppl_records": num_ppl_records, "output_len": output_len, "warmup": warmup}
     chosen = {k: (v if v is not None else sizes.get(k)) for k, v in given.items()}
     try:
-        if url is not None and (model is not None or dtype is not None or max_model_len is not None):
-            raise ValueError("--url uses a running endpoint; --model, --dtype and --max-model-len start one: give one or the other")
-        serve = ServeOptions(model=model, dtype=dtype or "auto", max_model_len=max_model_len)
+        if url is not None and any(v is not None for v in (model, dtype, max_model_len, quantization)):
+            raise ValueError(
+                "--url uses a running endpoint; --model, --dtype, --max-model-len and --quantization start one: "
+                "give one or the other"
+            )
+        serve = ServeOptions(model=model, dtype=dtype or "auto", max_model_len=max_model_len,
+                             quantization=quantization or "none")
         cfg = VerifyConfig(
             url=url, serve=serve, api_key=api_key, prompts=prompts, ppl_data=ppl_data,
             private_prompts=private_prompts, private_ppl_data=private_ppl_data, seed=seed,

@@ -2,9 +2,12 @@
 
 `ServeOptions` is the one place that knows how a model is served: `cli_args()` builds the
 `fastgemma serve` arguments, `llm_kwargs()` the in-process reference's `LLM(...)` arguments.
-A new serve option (say `--quantization`) is a field here, its flag in `cli_args()`, and —
-when it changes the model's numerics rather than only its speed — its `LLM` argument in
-`llm_kwargs()`, so that the reference decodes the same checkpoint the server does.
+A new serve option is a field here, its flag in `cli_args()`, and — when it changes the
+model's numerics rather than only its speed — its `LLM` argument in `llm_kwargs()`, so that
+the reference decodes the same checkpoint the server does. `--quantization` is the one
+option with two references: greedy identity against the quantised model's own plain path,
+PPL against the unquantised model (`unquantized_llm_kwargs()`), so that the cap bounds
+what quantising costs.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastgemma.kernels.quant import SCHEMES
 from fastgemma.verify.data import PPL_FILE, PROMPTS_FILE, default_data_dir
 
 DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32")  # as `fastgemma serve --dtype` takes them
@@ -27,10 +31,13 @@ class ServeOptions:
     model: str | None = None  # None: the embedded default model
     dtype: str = "auto"
     max_model_len: int | None = None
+    quantization: str = "none"  # served at load with `--quantization`; one of kernels.quant.SCHEMES
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"invalid --dtype {self.dtype!r}; use one of: auto, bfloat16, float32")
+        if self.quantization not in SCHEMES:
+            raise ValueError(f"invalid --quantization {self.quantization!r}; use one of: {', '.join(SCHEMES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"--max-model-len must be >= 2 (got {self.max_model_len})")
 
@@ -40,10 +47,18 @@ class ServeOptions:
         args += ["--dtype", self.dtype]
         if self.max_model_len is not None:
             args += ["--max-model-len", str(self.max_model_len)]
+        if self.quantization != "none":
+            args += ["--quantization", self.quantization]
         return args
 
     def llm_kwargs(self) -> dict[str, Any]:
-        return {"model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len}
+        """The served checkpoint: greedy identity is checked against its plain path."""
+        return {"model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len,
+                "quantization": self.quantization}
+
+    def unquantized_llm_kwargs(self) -> dict[str, Any]:
+        """The model before `--quantization`: the PPL reference the cap is taken from."""
+        return {**self.llm_kwargs(), "quantization": "none"}
 
 
 @dataclass(frozen=True)

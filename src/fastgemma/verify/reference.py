@@ -5,9 +5,11 @@ Used when the verifier knows the checkpoint (the embedded model or `--model`) an
 has stopped, so the two never hold the device's memory at once.
 
 - PPL: `LLM.score(context + target)` (log p of every token given its prefix), through the same
-  formula as the served stage (`ppl.score_records`).
+  formula as the served stage (`ppl.score_records`), of the unquantised model: the cap bounds
+  what `--quantization` costs.
 - Greedy: `LLM.generate` on the audit prompts' token ids, temperature 0, `ignore_eos`,
-  `max_tokens` = output len: plain step-by-step greedy decoding of the same checkpoint.
+  `max_tokens` = output len: plain step-by-step greedy decoding of the checkpoint as served (quantised
+  if the server quantises), one op at a time with the full-precision lm_head.
 """
 
 from __future__ import annotations
@@ -23,16 +25,31 @@ from fastgemma.verify.ppl import PplResult, score_records
 
 
 class InProcessReference:
-    def __init__(self, llm_kwargs: dict[str, Any], progress: bool = True):
+    """`ppl()` scores with `ppl_kwargs`' model, `greedy()` decodes with `greedy_kwargs`' model
+    (the same unless the server quantises at load); one is held at a time."""
+
+    def __init__(self, ppl_kwargs: dict[str, Any], greedy_kwargs: dict[str, Any] | None = None, progress: bool = True):
+        self.ppl_kwargs, self.greedy_kwargs = ppl_kwargs, greedy_kwargs or ppl_kwargs
+        self.progress = progress
+        self._held: tuple[dict[str, Any], Any] | None = None
+
+    def _llm(self, kwargs: dict[str, Any]) -> Any:
         from fastgemma import LLM
 
-        self.llm = LLM(**llm_kwargs)
-        self.progress = progress
+        if self._held is None or self._held[0] != kwargs:
+            self._held = None  # free the other model before loading this one
+            llm = LLM(**kwargs)
+            # the plain path: one op at a time, full-precision lm_head (no fused step, no screen)
+            llm.model.set_native_kernels(llm.model.use_native, fused_decode=False, lm_head_screen=False)
+            self._held = (kwargs, llm)
+        return self._held[1]
 
     def ppl(self, records: list[PplRecord], stage: str = "reference ppl") -> PplResult:
+        llm = self._llm(self.ppl_kwargs)
+
         def scorer(ids: list[int]) -> tuple[list[float | None], float]:
             start = time.perf_counter()
-            return self.llm.score(ids), time.perf_counter() - start
+            return llm.score(ids), time.perf_counter() - start
 
         return score_records(records, scorer, stage, self.progress)
 
@@ -40,7 +57,8 @@ class InProcessReference:
         from fastgemma import SamplingParams
 
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        llm = self._llm(self.greedy_kwargs)
         out = {}
         for p in tqdm(prompts, desc="reference: plain greedy", unit="req", disable=not self.progress, leave=False):
-            out[p.key] = list(self.llm.generate([p.prompt_token_ids], params)[0].token_ids)
+            out[p.key] = list(llm.generate([p.prompt_token_ids], params)[0].token_ids)
         return out

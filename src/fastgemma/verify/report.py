@@ -32,6 +32,10 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:+.2f}%"
+
+
 def markdown_record(summary: dict[str, Any]) -> str:
     pub, priv = summary["public"], summary["private"]
     front = {"tps": round(summary["tps"], 2), "ppl": round(summary["ppl"], 4), "verdict": summary["verdict"],
@@ -47,6 +51,7 @@ def markdown_record(summary: dict[str, Any]) -> str:
         ("mean TTFT (ms)", _fmt(pub["mean_ttft_ms"], 0)),
         ("PPL (served)", _fmt(summary["ppl"])), ("PPL reference", _fmt(summary["reference_ppl"])),
         ("PPL cap", _fmt(summary["cap"])), ("PPL target tokens", str(summary["ppl_num_tokens"])),
+        ("quantization (ΔPPL vs unquantised)", f"{summary['quantization'] or 'as served'} ({_pct(summary['ppl_delta'])})"),
         ("greedy identity", str(summary["identity"]["holds"])),
         ("prompts", f"{pub['num_requests']} public + {priv['num_requests']} private ({summary['private_source']})"),
         ("output len", str(pub["output_len"])),
@@ -76,7 +81,8 @@ def render_table(summary: dict[str, Any]) -> None:
     console.print(
         f"TPS {pub['output_tps']:.2f} tok/s public, {priv['output_tps']:.2f} private; total TPS {pub['total_tps']:.2f}; "
         f"latency mean {pub['mean_latency_ms']:.0f} ms, p99 {pub['p99_latency_ms']:.0f} ms; TTFT mean {pub['mean_ttft_ms']:.0f} ms; "
-        f"PPL {summary['ppl']:.4f} over {summary['ppl_num_tokens']} tokens (cap {_fmt(summary['cap'])})"
+        f"PPL {summary['ppl']:.4f} over {summary['ppl_num_tokens']} tokens (cap {_fmt(summary['cap'])}; "
+        f"quantization {summary['quantization'] or 'as served'}, ΔPPL {_pct(summary['ppl_delta'])})"
     )
     console.print(f"verdict: {summary['verdict']}" + "".join(f"\n  - {r}" for r in summary["reasons"]))
     console.print(f"outputs: {summary['outputs']['dir']}")

@@ -94,7 +94,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
     ref = None
     if cfg.model_known and (need_ref_ppl or need_ref_ids):
         log("loading the in-process reference (the model's plain path)")
-        ref = timed("reference load", lambda: InProcessReference(cfg.serve.llm_kwargs(), p))
+        ref = InProcessReference(cfg.serve.unquantized_llm_kwargs(), cfg.serve.llm_kwargs(), p)  # loads when used
     ref_ppl = timed("reference ppl", lambda: ref.ppl(inputs.records)) if ref and need_ref_ppl else None
     reference_ppl = cfg.reference_ppl if cfg.reference_ppl is not None else (ref_ppl.ppl if ref_ppl else None)
     cap = reference_ppl * PPL_CAP_FACTOR if reference_ppl is not None else None
@@ -117,7 +117,9 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
         "tps": public.output_tps, "output_tps": public.output_tps, "total_tps": public.total_tps,
         "ppl": ppl.ppl, "ppl_num_tokens": ppl.num_tokens, "reference_ppl": reference_ppl,
         "reference_ppl_source": "--reference-ppl" if cfg.reference_ppl is not None else ("in-process plain path" if ref_ppl else None),
-        "cap": cap, "private_tps": private.output_tps, "tps_change": private.output_tps / public.output_tps - 1.0,
+        "cap": cap, "quantization": cfg.serve.quantization if cfg.model_known else None,
+        "ppl_delta": ppl.ppl / reference_ppl - 1.0 if reference_ppl else None,
+        "private_tps": private.output_tps, "tps_change": private.output_tps / public.output_tps - 1.0,
         "identity": identity.to_dict(),
         "latencies": {k: v for k, v in public.to_dict().items() if k.endswith("_ms")},
         "public": public.to_dict(), "private": private.to_dict(), "private_source": inputs.private_source,

@@ -1,0 +1,54 @@
+"""`ServeOptions` maps serve options onto the server's flags and the references' `LLM(...)`;
+with `--quantization` the PPL reference is the unquantised model and greedy identity is
+checked against the quantised model's own plain path."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastgemma import LLM, SamplingParams
+from fastgemma.verify.audit import AuditPrompt
+from fastgemma.verify.config import ServeOptions
+from fastgemma.verify.data import PplRecord
+from fastgemma.verify.reference import InProcessReference
+
+
+def test_quantization_flag_and_reference_kwargs():
+    plain = ServeOptions(model="m", dtype="float32")
+    assert "--quantization" not in plain.cli_args()
+    assert plain.llm_kwargs() == plain.unquantized_llm_kwargs()
+
+    q = ServeOptions(model="m", dtype="float32", quantization="int4-g32")
+    args = q.cli_args()
+    assert args[args.index("--quantization") + 1] == "int4-g32"
+    assert q.llm_kwargs()["quantization"] == "int4-g32"
+    assert q.unquantized_llm_kwargs() == {**q.llm_kwargs(), "quantization": "none"}
+
+
+def test_unknown_quantization_names_the_choices():
+    with pytest.raises(ValueError, match="invalid --quantization 'int3'.*int8, int4-g32"):
+        ServeOptions(quantization="int3")
+
+
+def test_reference_scores_unquantised_and_decodes_quantised(tiny_text_model):
+    serve = ServeOptions(model=str(tiny_text_model), dtype="float32", quantization="int8")
+    ref = InProcessReference(serve.unquantized_llm_kwargs(), serve.llm_kwargs(), progress=False)
+    record = PplRecord(key="r0", context_token_ids=[2, 17, 301, 5, 88], target_token_ids=[9, 40, 7, 120])
+    prompt = AuditPrompt(key="p0", prompt_token_ids=[2, 9, 9, 44, 120, 7])
+
+    ppl = ref.ppl([record]).ppl
+    greedy = ref.greedy([prompt], 10)["p0"]
+
+    ids = record.context_token_ids + record.target_token_ids
+    plain, quantised = LLM(str(tiny_text_model), dtype="float32"), LLM(str(tiny_text_model), dtype="float32", quantization="int8")
+    n = len(record.target_token_ids)
+    assert ppl == pytest.approx(_ppl(plain.score(ids)[-n:]), rel=1e-5)
+    assert ppl != pytest.approx(_ppl(quantised.score(ids)[-n:]), rel=1e-7)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    assert greedy == list(quantised.generate([prompt.prompt_token_ids], params)[0].token_ids)
+
+
+def _ppl(logprobs: list[float]) -> float:
+    import math
+
+    return math.exp(-sum(logprobs) / len(logprobs))
