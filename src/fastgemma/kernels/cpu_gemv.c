@@ -33,6 +33,8 @@ static inline __m512 row_dot_bf16(const uint16_t *w, const uint16_t *x, int64_t 
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 64 <= K32; k += 64) {
+        _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES + 64, _MM_HINT_T0);
         a0 = _mm512_dpbf16_ps(a0, load_bh(w + k, 0xffffffffu), load_bh(x + k, 0xffffffffu));
         a1 = _mm512_dpbf16_ps(a1, load_bh(w + k + 32, 0xffffffffu), load_bh(x + k + 32, 0xffffffffu));
     }
@@ -63,6 +65,8 @@ static inline __m512 row_dot_f32(const float *w, const float *x, int64_t K16, __
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= K16; k += 32) {
+        _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES + 64, _MM_HINT_T0);
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
         a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
     }
@@ -110,6 +114,7 @@ static inline float row_dot_bf16_avx2(const uint16_t *w, const float *x, int64_t
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
+        if (k % 32 == 0) _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES, _MM_HINT_T0);
         a0 = _mm256_fmadd_ps(widen_bf16x8(w + k), _mm256_loadu_ps(x + k), a0);
         a1 = _mm256_fmadd_ps(widen_bf16x8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
     }
@@ -140,6 +145,7 @@ static inline float row_dot_f32_avx2(const float *w, const float *x, int64_t K) 
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
+        _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES, _MM_HINT_T0);
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
     }

