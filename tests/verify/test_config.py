@@ -52,3 +52,20 @@ def _ppl(logprobs: list[float]) -> float:
     import math
 
     return math.exp(-sum(logprobs) / len(logprobs))
+
+
+def test_verify_starts_a_quantised_server_end_to_end(tiny_text_model, small_prompts, small_ppl, tmp_path):
+    from fastgemma.verify.config import VerifyConfig
+    from fastgemma.verify.run import run_verify
+
+    serve = ServeOptions(model=str(tiny_text_model), dtype="float32", quantization="int8")
+    cfg = VerifyConfig(serve=serve, prompts=small_prompts, ppl_data=small_ppl, num_prompts=2, num_private_prompts=2,
+                       output_len=8, warmup=1, out=tmp_path, progress=False)
+    summary = run_verify(cfg, log=lambda m: None)
+    assert summary["endpoint"]["serve_args"][-2:] == ["--quantization", "int8"]
+    assert "quantization int8" in (tmp_path / "serve.log").read_text()
+    assert summary["quantization"] == "int8"
+    assert summary["identity"]["holds"] is True  # served int8 == the int8 model's plain path
+    assert summary["ppl_delta"] == pytest.approx(summary["ppl"] / summary["reference_ppl"] - 1)
+    assert summary["ppl_delta"] != 0.0  # the reference is the unquantised model
+    assert "int8" in (tmp_path / "record.md").read_text()
