@@ -68,7 +68,7 @@ def test_bound_is_never_violated(dtype, D):
     screen = LmHeadScreen(weight, lambda x: x)
     worst = 0.0
     for h in _hidden_states(screen, dtype):
-        approx, err = screen.bounds(h)
+        approx, err, _ = screen.bounds(h)
         approx, err = approx.clone(), err.clone()
         z = _fp32_sums(weight, h)
         exact = weight.double() @ h.double()
@@ -112,6 +112,38 @@ def test_ties_go_to_the_lowest_id():
     h = (weight[100].float() * 50).to(torch.bfloat16)
     plain = saturating(_fp32_sums(weight, h).to(torch.bfloat16))
     assert (plain == plain.max()).sum() > 1 and screen.argmax(h[None]) == int(torch.argmax(plain))
+
+
+@pytest.mark.parametrize("cap", [None, 30.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_selection_is_the_definition(cap, dtype):
+    """cpu_screen.c's bound and candidates equal the module docstring's formulas in torch."""
+    if dtype == torch.float32 and cap is not None:
+        pytest.skip("fp32 with a softcap: the screen is off by design")
+    weight = _weight(8192, 640, dtype, seed=5)
+    finalize = (lambda x: x) if cap is None else _softcap(cap)
+    screen = LmHeadScreen(weight, finalize)
+    for h in _hidden_states(screen, dtype, n=25):
+        approx, err, count = screen.bounds(h)
+        hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
+        assert torch.equal(err, screen.coef * hnorm + approx.abs() * 2.0**-20)
+        best = finalize((approx - err).to(dtype)).max()
+        expected = (finalize((approx + err).to(dtype)) >= best).nonzero()[:, 0]
+        assert count == expected.numel() and torch.equal(screen.ids[:count], expected)
+
+
+def test_non_monotone_post_processing_is_refused():
+    with pytest.raises(ValueError, match="not monotone"):
+        LmHeadScreen(_weight(256, 64, torch.bfloat16), lambda x: -x)
+    with pytest.raises(ValueError, match="fp32 logits"):
+        LmHeadScreen(_weight(256, 64, torch.float32), lambda x: x * 2)
+
+
+def test_flat_distribution_takes_the_full_head():
+    weight = _weight(1024, 640, torch.bfloat16)
+    screen = LmHeadScreen(weight, lambda x: x)
+    assert screen.argmax(torch.zeros(1, 640, dtype=torch.bfloat16)) == 0  # every logit 0: the lowest id
+    assert screen.last_candidates == 1024
 
 
 def test_non_finite_hidden_state_falls_back_to_the_full_head():

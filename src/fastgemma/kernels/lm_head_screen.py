@@ -24,7 +24,9 @@ residual (computed in fp64), u = 2^-24 and g = (K + 2) u / (1 - (K + 2) u),
     |a_i - s_i q_i . h| <= g |s_i q_i| |h| <= g (|w_i| + |r_i|) |h|,
 so e_i = |h| (|r_i| + 2 g (|w_i| + |r_i|)), widened by 2^-10 relatively and |a_i| 2^-20
 absolutely to absorb the rounding of the bound's own arithmetic. |h| is computed in fp64.
-A non-finite hidden state falls back to the full lm_head.
+A non-finite hidden state falls back to the full lm_head, and so does a flat distribution
+(more than V / 8 candidates, where gathering rows would cost more than reading them all).
+Steps 2 and 3 run natively (cpu_screen.c), as the GEMVs do.
 """
 
 from __future__ import annotations
@@ -35,17 +37,33 @@ from collections.abc import Callable
 import torch
 
 from fastgemma.kernels import native, quant
+from fastgemma.kernels.huge_pages import huge_pages
 from fastgemma.kernels.linear import linear
 
 _U = 2.0**-24
 
 
+def _output_table(finalize: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """f at every bf16 number, indexed by its signed 16-bit pattern + 32768 [65536] bf16;
+    ValueError unless f is non-decreasing over the ordered non-NaN bf16 numbers."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    table = finalize(every).to(torch.bfloat16).contiguous()
+    order = every.float().argsort()
+    ordered = table.float()[order][~every.float()[order].isnan()]
+    if not bool((ordered[1:] >= ordered[:-1]).all()):
+        raise ValueError("the logits post-processing is not monotone in bf16; the lm_head screen cannot be used")
+    return table
+
+
 class LmHeadScreen:
     def __init__(self, weight: torch.Tensor, finalize: Callable[[torch.Tensor], torch.Tensor]):
         """weight: [V, D] the full-precision lm_head (bf16 or fp32, CPU); finalize: the
-        model's logits post-processing on model-dtype logits (softcap or identity)."""
+        model's logits post-processing on model-dtype logits (softcap or identity), which
+        for bf16 must depend on each value only (it is tabulated and checked monotone here);
+        for fp32 it must be the identity (ValueError otherwise)."""
         self.weight, self.finalize = weight, finalize
         self.qweight, self.scales = quant.quantize(weight, quant.INT8)
+        self.qweight = huge_pages(self.qweight)  # streamed every greedy step
         V, K = weight.shape
         w = weight.double()
         residual = (w - self.qweight.double() * self.scales.double()[:, None]).norm(dim=1)
@@ -53,31 +71,42 @@ class LmHeadScreen:
         coef = (residual + 2 * g * (w.norm(dim=1) + residual)) * (1 + 2.0**-10)
         self.coef = torch.nextafter(coef.float(), torch.tensor(math.inf))  # rounded up  [V]
         self.approx = torch.empty(V, dtype=torch.float32)
+        self.err = torch.empty(V, dtype=torch.float32)
+        self.ids = torch.empty(V, dtype=torch.int64)
+        self.table = _output_table(finalize) if weight.dtype == torch.bfloat16 else None  # f at every bf16 [65536]
+        probe = torch.linspace(-100.0, 100.0, 9)
+        if self.table is None and not torch.equal(finalize(probe), probe):
+            raise ValueError("the lm_head screen needs fp32 logits without post-processing")
         self.last_candidates = 0  # rows recomputed in full precision by the last call
 
     def nbytes(self) -> int:
         return self.qweight.numel() + 4 * (self.scales.numel() + self.coef.numel())
 
-    def bounds(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h: [D] -> (approximate logits a, bound e), both [V] fp32."""
+    def bounds(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """h: [D] -> (approximate logits a [V], bound e [V], candidate count or -1 when not
+        finite); the candidates' ids are the first `count` entries of `self.ids`. Steps 1-3
+        of the module docstring, natively (cpu_quant_gemv.c, cpu_screen.c)."""
+        lib = native.load()
         hf = h.float().contiguous()
         V, K = self.qweight.shape
-        native.load().gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), V, K, 1)
+        lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), V, K, 1)
         hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
-        err = self.coef * hnorm + self.approx.abs() * 2.0**-20
-        return self.approx, err
+        table = self.table.data_ptr() if self.table is not None else None
+        count = lib.screen_select(
+            self.approx.data_ptr(), self.coef.data_ptr(), hnorm, V, self.table is not None, table,
+            self.err.data_ptr(), self.ids.data_ptr(),
+        )
+        return self.approx, self.err, count
 
     def argmax(self, hidden: torch.Tensor) -> int:
         """hidden: [1, D] normed hidden state (model dtype) -> the plain path's greedy token."""
-        dtype = self.weight.dtype
-        h = hidden[0]
-        approx, err = self.bounds(h)
-        if not math.isfinite(float(err.max())):
+        _, _, count = self.bounds(hidden[0])
+        if count < 0 or count > self.weight.shape[0] // 8:
+            # not finite, or a flat distribution: the full lm_head costs less than gathering rows
             full = self.finalize(linear(hidden, self.weight, True))[0]
             self.last_candidates = full.shape[0]
             return int(torch.argmax(full))
-        best_lower = self.finalize((approx - err).to(dtype)).max()
-        candidates = (self.finalize((approx + err).to(dtype)) >= best_lower).nonzero()[:, 0]  # ascending
+        candidates = self.ids[:count]  # ascending
         exact = self.finalize(linear(hidden, self.weight.index_select(0, candidates), True))[0]
-        self.last_candidates = candidates.numel()
+        self.last_candidates = count
         return int(candidates[torch.argmax(exact)])

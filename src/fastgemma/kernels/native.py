@@ -20,7 +20,7 @@ from pathlib import Path
 from fastgemma.config import cpu_flags
 from fastgemma.paths import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_quant_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_decode_layer.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_quant_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_screen.c", "cpu_decode_layer.c")]
 _COMMON_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c"]
 # (name, compiler flags, /proc/cpuinfo flags it needs), best first
 BUILDS = (
@@ -82,6 +82,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, ptr]
+    lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr]
+    lib.screen_select.restype = i64
     for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.gemv_q8, lib.gemv_q4,
                lib.attend_decode_bf16, lib.attend_decode_f32, lib.rms_norm_bf16, lib.rms_norm_f32):
         fn.restype = None

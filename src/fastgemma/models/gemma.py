@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
-from fastgemma.kernels import decode_layers
+from fastgemma.kernels import decode_layers, huge_pages
 from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.kernels.linear import Linear, linear
 from fastgemma.models.attention import KV, Attention
@@ -135,6 +135,8 @@ class GemmaForCausalLM(nn.Module):
         a bf16 decode step's layers in one native call where supported; `lm_head_screen`
         picks greedy tokens through the exact int8 screen where supported."""
         self.use_native = enabled
+        if enabled:
+            self._layers_in_huge_pages()
         self.fused_decode = enabled and fused_decode and decode_layers.supported(self)
         self._decode_layers = None
         for module in self.modules():
@@ -145,6 +147,24 @@ class GemmaForCausalLM(nn.Module):
             self.lm_head_screen = None
         elif self.lm_head_screen is None:
             self.lm_head_screen = LmHeadScreen(self.lm_head_weight(), self.finalize_logits)
+
+    _in_huge_pages = False
+
+    def _layers_in_huge_pages(self) -> None:
+        """Each decoder layer's tensors, in order, into one huge-page mapping (once): decode
+        streams them every step (kernels/huge_pages.py). One layer at a time, so the extra
+        memory is one layer's."""
+        if self._in_huge_pages:
+            return
+        self._in_huge_pages = True
+        for layer in self.layers:
+            slots = [(m, n, t, True) for m in layer.modules() for n, t in m._parameters.items() if t is not None]
+            slots += [(m, n, t, False) for m in layer.modules() for n, t in m._buffers.items() if t is not None]
+            for (m, n, _, is_param), new in zip(slots, huge_pages.pack([t.data for *_, t, _ in slots])):
+                if is_param:
+                    m._parameters[n].data = new
+                else:
+                    m._buffers[n] = new
 
     def screen_supported(self) -> bool:
         """CPU, our GEMV for lm_head, and a provably monotone output rounding: bf16 (the

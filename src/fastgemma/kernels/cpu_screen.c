@@ -1,0 +1,49 @@
+/* The exact lm_head screen's selection step (kernels/lm_head_screen.py), in one pass pair
+ * over the vocabulary instead of a dozen full-width torch ops.
+ *
+ * Given approximate logits a [V] (the int8 screen's fp32 GEMV), the per-row bound
+ * coefficients coef [V] and |h| (hnorm):
+ *   err[i] = coef[i] * hnorm + |a[i]| * 2^-20                      (written to err)
+ *   f(x)   = the model's output rounding: x itself (fp32 models), or x rounded to bf16 to
+ *            nearest even, then looked up in `table` (the softcap at every bf16 number,
+ *            indexed by the signed 16-bit pattern + 32768) when table is not NULL;
+ *   candidates = { i : f(a[i] + err[i]) >= max_j f(a[j] - err[j]) }, written ascending to idx.
+ * Returns the number of candidates, or -1 when some a[i] or err[i] is not finite (the caller
+ * then takes the full lm_head).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "bf16.h"
+
+static inline float out_round(float x, int round_bf16, const uint16_t *table) {
+    if (!round_bf16) return x;
+    uint16_t b = f32_to_bf16(x);
+    if (table) b = table[(int32_t)(int16_t)b + 32768];
+    return bf16_to_f32(b);
+}
+
+int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V, int round_bf16,
+                      const uint16_t *table, float *err, int64_t *idx) {
+    float best = -INFINITY;
+    int bad = 0;
+    #pragma omp parallel for schedule(static) reduction(max:best) reduction(|:bad)
+    for (int64_t i = 0; i < V; i++) {
+        const float e = coef[i] * hnorm + fabsf(a[i]) * 0x1p-20f;
+        err[i] = e;
+        bad |= !isfinite(e);  /* a non-finite a[i] makes e non-finite too */
+        const float lo = out_round(a[i] - e, round_bf16, table);
+        if (lo > best) best = lo;
+    }
+    if (bad) return -1;
+    uint8_t *keep = malloc((size_t)V);
+    if (!keep) return -1;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < V; i++) keep[i] = out_round(a[i] + err[i], round_bf16, table) >= best;
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (keep[i]) idx[n++] = i;
+    free(keep);
+    return n;
+}
