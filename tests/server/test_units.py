@@ -91,3 +91,22 @@ def test_worker_fifo_bounded_queue_and_cancel():
         worker.stop()
 
     asyncio.run(main())
+
+
+def test_the_model_is_loaded_on_a_thread_that_ends():
+    from fastgemma.server.serve import load_on_passing_thread
+
+    seen: list[threading.Thread] = []
+
+    def load():
+        seen.append(threading.current_thread())
+        return 42
+
+    assert load_on_passing_thread(load) == 42
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+
+    def fail():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        load_on_passing_thread(fail)
