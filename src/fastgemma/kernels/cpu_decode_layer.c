@@ -61,9 +61,14 @@ typedef struct {
 static inline uint16_t bmul(uint16_t a, uint16_t b) { return f32_to_bf16(bf16_to_f32(a) * bf16_to_f32(b)); }
 static inline uint16_t badd(uint16_t a, uint16_t b) { return f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b)); }
 
-static inline uint16_t gelu_tanh_bf16(uint16_t h) {
-    const float x = bf16_to_f32(h), kBeta = 0.7978845608028654f, kKappa = 0.044715f;
-    return f32_to_bf16(0.5f * x * (1.f + tanhf(kBeta * (x + kKappa * x * x * x))));
+/* GELU (tanh) at every bf16 input, by bit pattern: the per-op path's own table
+ * (models/layers.py gelu_tanh), set by kernels/decode_layers.py before the first step, so the
+ * two paths agree for every input by construction (a formula here disagreed with torch's
+ * vectorised tanh on 4 of the 65 280 finite inputs). */
+static uint16_t gelu_table[65536];
+
+void set_gelu_table_bf16(const uint16_t *table_by_signed_bits) {
+    for (uint32_t b = 0; b < 65536; b++) gelu_table[b] = table_by_signed_bits[(int32_t)(int16_t)b + 32768];
 }
 
 /* x: [rows, hd] in place; out = x * cos + rotate_half(x) * sin, each product rounded. */
@@ -110,14 +115,14 @@ static void layer_forward(const GemmaLayer *L, uint16_t *h, uint16_t *buf, float
 
     rms_norm_bf16(h, L->n_pre_ff, x, 1, D, L->eps);
     matvec(&L->w_gu, x, wide, 2 * L->I, D, xf);
-    for (int64_t i = 0; i < L->I; i++) wide[i] = bmul(gelu_tanh_bf16(wide[i]), wide[L->I + i]);
+    for (int64_t i = 0; i < L->I; i++) wide[i] = bmul(gelu_table[wide[i]], wide[L->I + i]);
     matvec(&L->w_down, wide, o, D, L->I, xf);
     rms_norm_bf16(o, L->n_post_ff, o, 1, D, L->eps);
     for (int64_t d = 0; d < D; d++) h[d] = badd(h[d], o[d]);
 
     if (L->P) {
         matvec(&L->w_ple_gate, h, small, L->P, D, xf);
-        for (int64_t p = 0; p < L->P; p++) small[p] = bmul(gelu_tanh_bf16(small[p]), L->ple[p]);
+        for (int64_t p = 0; p < L->P; p++) small[p] = bmul(gelu_table[small[p]], L->ple[p]);
         matvec(&L->w_ple_proj, small, o, D, L->P, xf);
         rms_norm_bf16(o, L->n_post_ple, o, 1, D, L->eps);
         for (int64_t d = 0; d < D; d++) h[d] = badd(h[d], o[d]);

@@ -15,6 +15,7 @@ import ctypes
 import torch
 
 from fastgemma.kernels import native
+from fastgemma.models.layers import gelu_tanh_table
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -94,6 +95,7 @@ class NativeDecodeLayers:
             L.n_pre_ff, L.n_post_ff = _p(layer.pre_feedforward_layernorm.scale), _p(layer.post_feedforward_layernorm.scale)
             L.n_q, L.n_k = _p(a.q_norm.scale), _p(a.k_norm.scale) if a.k_norm is not None else None
             L.k_cache, L.v_cache = _p(cache.k[src]), _p(cache.v[src])
+        native.load().set_gelu_table_bf16(gelu_tanh_table().data_ptr())
         self.types = [s.layer_type for s in spec.layers]
         self.shared = [s.kv_shared for s in spec.layers]
 

@@ -74,5 +74,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+_GELU_BF16: torch.Tensor | None = None
+
+
+def gelu_tanh_table() -> torch.Tensor:
+    """GELU (tanh) at every bf16 number, indexed by its signed 16-bit pattern + 32768 [65536]."""
+    global _GELU_BF16
+    if _GELU_BF16 is None:
+        every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+        _GELU_BF16 = F.gelu(every, approximate="tanh").contiguous()
+    return _GELU_BF16
+
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation. bf16 on CPU: a lookup in `gelu_tanh_table()`, so that
+    each value's result depends on the value only (torch's vectorised and scalar tanh differ
+    in the last bit, by where a value sits in the loop) and the fused native decode step
+    (cpu_decode_layer.c) uses the very same table."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        return gelu_tanh_table()[x.view(torch.int16).long() + 2**15]
     return F.gelu(x, approximate="tanh")

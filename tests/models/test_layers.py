@@ -1,0 +1,35 @@
+"""models/layers.py: the bf16 GELU is a function of each value alone, and it is torch's."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fastgemma.models.layers import gelu_tanh, gelu_tanh_table
+
+
+def _every_bf16() -> torch.Tensor:
+    return torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def test_bf16_gelu_does_not_depend_on_where_a_value_sits():
+    x = _every_bf16()
+    finite = torch.isfinite(x)
+    perm = torch.randperm(x.numel(), generator=torch.Generator().manual_seed(0))
+    a, b = gelu_tanh(x), gelu_tanh(x[perm])
+    assert torch.equal(a[perm][finite[perm]].view(torch.int16), b[finite[perm]].view(torch.int16))
+    assert gelu_tanh(x[:7]).shape == (7,) and gelu_tanh(x.view(256, 256)).shape == (256, 256)
+
+
+def test_bf16_gelu_table_is_torchs_gelu():
+    x = _every_bf16()
+    finite = torch.isfinite(x)
+    ref = F.gelu(x.float(), approximate="tanh")
+    table = gelu_tanh_table()[x.view(torch.int16).long() + 2**15].float()
+    # bf16 rounding of the fp32 function, up to torch's own tanh approximations
+    assert ((table - ref).abs()[finite] <= ref.abs()[finite] * 2**-7 + 1e-6).all()
+
+
+def test_fp32_gelu_is_torchs():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(gelu_tanh(x), F.gelu(x, approximate="tanh"))
