@@ -8,6 +8,13 @@ the same settings (greedy, `ignore_eos`, `max_tokens`):
 - served: the OpenAI server (`fastgemma.server.ServerThread`) on 127.0.0.1, one
   non-streaming `/v1/chat/completions` request at a time, timed per request by the client.
 Prints a table and a final JSON line with both decode rates (tok/s) and served/engine.
+
+Caveat: both paths share one process, so two OpenMP thread teams exist (the main thread's
+and the server worker's) and libgomp stops spinning between parallel regions: both rates
+come out ~40% below `fastgemma serve`'s own (see `load_on_passing_thread` in
+server/serve.py). The ratio stays meaningful; for absolute served speed use
+`fastgemma verify --url` or sglang's bench_serving against `fastgemma serve`
+(benchmarks/bench_serving_vs_verify.sh).
 """
 
 from __future__ import annotations

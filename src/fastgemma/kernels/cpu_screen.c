@@ -8,12 +8,11 @@
  *            nearest even, then looked up in `table` (the softcap at every bf16 number,
  *            indexed by the signed 16-bit pattern + 32768) when table is not NULL;
  *   candidates = { i : f(a[i] + err[i]) >= max_j f(a[j] - err[j]) }, written ascending to idx.
- * Returns the number of candidates, or -1 when some a[i] or err[i] is not finite (the caller
- * then takes the full lm_head).
+ * keep [V] is scratch. Returns the number of candidates, or -1 when some a[i] or err[i] is
+ * not finite (the caller then takes the full lm_head).
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "bf16.h"
 
@@ -25,7 +24,7 @@ static inline float out_round(float x, int round_bf16, const uint16_t *table) {
 }
 
 int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V, int round_bf16,
-                      const uint16_t *table, float *err, int64_t *idx) {
+                      const uint16_t *table, float *err, uint8_t *keep, int64_t *idx) {
     float best = -INFINITY;
     int bad = 0;
     #pragma omp parallel for schedule(static) reduction(max:best) reduction(|:bad)
@@ -37,13 +36,10 @@ int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V,
         if (lo > best) best = lo;
     }
     if (bad) return -1;
-    uint8_t *keep = malloc((size_t)V);
-    if (!keep) return -1;
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < V; i++) keep[i] = out_round(a[i] + err[i], round_bf16, table) >= best;
     int64_t n = 0;
     for (int64_t i = 0; i < V; i++)
         if (keep[i]) idx[n++] = i;
-    free(keep);
     return n;
 }

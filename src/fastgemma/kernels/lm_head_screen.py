@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastgemma.kernels import native, quant
+from fastgemma.kernels import bf16_table, native, quant
 from fastgemma.kernels.huge_pages import huge_pages
 from fastgemma.kernels.linear import linear
 
@@ -46,8 +46,8 @@ _U = 2.0**-24
 def _output_table(finalize: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """f at every bf16 number, indexed by its signed 16-bit pattern + 32768 [65536] bf16;
     ValueError unless f is non-decreasing over the ordered non-NaN bf16 numbers."""
-    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    table = finalize(every).to(torch.bfloat16).contiguous()
+    every = bf16_table.every_bf16()
+    table = bf16_table.tabulate(finalize)
     order = every.float().argsort()
     ordered = table.float()[order][~every.float()[order].isnan()]
     if not bool((ordered[1:] >= ordered[:-1]).all()):
@@ -73,6 +73,7 @@ class LmHeadScreen:
         self.approx = torch.empty(V, dtype=torch.float32)
         self.err = torch.empty(V, dtype=torch.float32)
         self.ids = torch.empty(V, dtype=torch.int64)
+        self.keep = torch.empty(V, dtype=torch.uint8)  # scratch of cpu_screen.c
         self.table = _output_table(finalize) if weight.dtype == torch.bfloat16 else None  # f at every bf16 [65536]
         probe = torch.linspace(-100.0, 100.0, 9)
         if self.table is None and not torch.equal(finalize(probe), probe):
@@ -94,7 +95,7 @@ class LmHeadScreen:
         table = self.table.data_ptr() if self.table is not None else None
         count = lib.screen_select(
             self.approx.data_ptr(), self.coef.data_ptr(), hnorm, V, self.table is not None, table,
-            self.err.data_ptr(), self.ids.data_ptr(),
+            self.err.data_ptr(), self.keep.data_ptr(), self.ids.data_ptr(),
         )
         return self.approx, self.err, count
 

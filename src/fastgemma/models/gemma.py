@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
-from fastgemma.kernels import decode_layers, huge_pages
+from fastgemma.kernels import bf16_table, decode_layers, huge_pages
 from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.kernels.linear import Linear, linear
 from fastgemma.models.attention import KV, Attention
@@ -160,7 +160,7 @@ class GemmaForCausalLM(nn.Module):
         for layer in self.layers:
             slots = [(m, n, t, True) for m in layer.modules() for n, t in m._parameters.items() if t is not None]
             slots += [(m, n, t, False) for m in layer.modules() for n, t in m._buffers.items() if t is not None]
-            for (m, n, _, is_param), new in zip(slots, huge_pages.pack([t.data for *_, t, _ in slots])):
+            for (m, n, _, is_param), new in zip(slots, huge_pages.pack([t.data for _, _, t, _ in slots])):
                 if is_param:
                     m._parameters[n].data = new
                 else:
@@ -260,6 +260,5 @@ class GemmaForCausalLM(nn.Module):
         if logits.dtype != torch.bfloat16:
             return torch.tanh(logits / cap) * cap
         if self._softcap_table is None or self._softcap_table.device != logits.device:
-            every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-            self._softcap_table = (torch.tanh(every.to(logits.device) / cap) * cap).contiguous()  # [65536]
-        return self._softcap_table[logits.view(torch.int16).long() + 2**15]
+            self._softcap_table = bf16_table.tabulate(lambda x: torch.tanh(x / cap) * cap, logits.device)
+        return bf16_table.lookup(self._softcap_table, logits)

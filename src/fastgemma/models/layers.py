@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastgemma.kernels import bf16_table
 from fastgemma.kernels.norm import native_rms_norm
 from fastgemma.models.spec import RopeSpec
 
@@ -78,11 +79,10 @@ _GELU_BF16: torch.Tensor | None = None
 
 
 def gelu_tanh_table() -> torch.Tensor:
-    """GELU (tanh) at every bf16 number, indexed by its signed 16-bit pattern + 32768 [65536]."""
+    """GELU (tanh) at every bf16 number [65536] (kernels/bf16_table.py)."""
     global _GELU_BF16
     if _GELU_BF16 is None:
-        every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-        _GELU_BF16 = F.gelu(every, approximate="tanh").contiguous()
+        _GELU_BF16 = bf16_table.tabulate(lambda x: F.gelu(x, approximate="tanh"))
     return _GELU_BF16
 
 
@@ -92,5 +92,5 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     in the last bit, by where a value sits in the loop) and the fused native decode step
     (cpu_decode_layer.c) uses the very same table."""
     if x.dtype == torch.bfloat16 and x.device.type == "cpu":
-        return gelu_tanh_table()[x.view(torch.int16).long() + 2**15]
+        return bf16_table.lookup(gelu_tanh_table(), x)
     return F.gelu(x, approximate="tanh")
