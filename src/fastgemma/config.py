@@ -16,6 +16,8 @@ from fastgemma.kernels.quant import QuantScheme
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
+SPECULATIVE_METHODS = ("none", "ngram")
+MAX_SPECULATIVE_TOKENS = 15  # a verification's K + 1 rows stay within the row-invariant GEMVs' 16
 
 
 def physical_cores() -> int:
@@ -60,6 +62,10 @@ class EngineConfig:
     threads: int | None = None  # CPU threads; None = the physical cores
     quantization: str = "none"  # body linears: none | int8 | int4-g32 | int4-g128 (kernels/quant.py)
     lm_head_screen: bool = True  # greedy tokens through the exact int8 lm_head screen where supported
+    speculative: str = "none"  # none | ngram (engine/ngram.py): drafts verified K at a time, output unchanged
+    num_speculative_tokens: int = 4  # K: tokens drafted per step
+    prompt_lookup_min: int = 2  # ngram: shortest suffix matched
+    prompt_lookup_max: int = 4  # ngram: longest suffix matched (tried first)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -71,6 +77,16 @@ class EngineConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 (got {self.threads})")
         self.quant_scheme()  # raises on an unknown scheme
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"invalid speculative method {self.speculative!r}; use one of: {', '.join(SPECULATIVE_METHODS)}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS} (got {self.num_speculative_tokens})"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max (got {self.prompt_lookup_min}, {self.prompt_lookup_max})"
+            )
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if self.device is not None:

@@ -19,6 +19,7 @@ import torch
 from fastgemma.config import EngineConfig, physical_cores
 from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
+from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence
 from fastgemma.kernels import native
@@ -41,10 +42,16 @@ class LLM:
         threads: int | None = None,
         quantization: str | None = None,
         lm_head_screen: bool = True,
+        speculative: str | None = None,
+        num_speculative_tokens: int = 4,
+        prompt_lookup_min: int = 2,
+        prompt_lookup_max: int = 4,
     ):
         self.config = EngineConfig(
             model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk,
             kernels=kernels, threads=threads, quantization=quantization or "none", lm_head_screen=lm_head_screen,
+            speculative=speculative or "none", num_speculative_tokens=num_speculative_tokens,
+            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
         )
         if self.config.torch_device().type == "cpu":
             torch.set_num_threads(self.config.threads or physical_cores())
@@ -56,8 +63,16 @@ class LLM:
         self.model = loaded.model
         self.max_model_len = loaded.max_model_len
         self.quantization = loaded.quantization
-        self.runner = ModelRunner(loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk)
-        self.engine = LLMEngine(self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size)
+        proposer, spare = None, 0
+        if self.config.speculative == "ngram":
+            _check_speculative(loaded.model)
+            c = self.config
+            proposer = NgramProposer(c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max)
+            spare = c.num_speculative_tokens  # ring slots a K-token verification needs (engine/kv_cache.py)
+        self.runner = ModelRunner(
+            loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk, num_speculative_tokens=spare
+        )
+        self.engine = LLMEngine(self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer)
 
     @property
     def model_name(self) -> str:
@@ -115,21 +130,28 @@ class LLM:
         # Text that could be the start of a stop string is held back until it cannot be.
         hold = max((len(s) for s in params.stop), default=1) - 1
         text, emitted = "", 0
+        done = 0  # output tokens yielded so far
         try:
             while not seq.is_finished:
                 if self.engine.next_sequence() is not seq:
                     raise RuntimeError("another request is running on this LLM; consume one stream at a time")
-                self.engine.step()
-                token_id = seq.output_token_ids[-1]
-                text += decoder.push(token_id)
-                if seq.is_finished:
-                    text += decoder.flush()
-                if params.stop and (cut := _find_stop(text, params.stop, max(0, emitted - hold))) >= 0:
-                    text = text[:cut]
-                    self.engine.finish(seq, "stop")
-                end = len(text) if seq.is_finished else max(emitted, len(text) - hold)
-                delta, emitted = text[emitted:end], end
-                yield StreamDelta(delta, token_id, seq.finish_reason), seq
+                self.engine.step()  # one token, or several with speculative decoding
+                new, ended = seq.output_token_ids[done:], seq.is_finished
+                for i, token_id in enumerate(new):
+                    done += 1
+                    last = ended and i == len(new) - 1
+                    text += decoder.push(token_id)
+                    if last:
+                        text += decoder.flush()
+                    stopped = False
+                    if params.stop and (cut := _find_stop(text, params.stop, max(0, emitted - hold))) >= 0:
+                        text, stopped, last = text[:cut], True, True
+                        self.engine.finish(seq, "stop", num_output_tokens=done)
+                    end = len(text) if last else max(emitted, len(text) - hold)
+                    delta, emitted = text[emitted:end], end
+                    yield StreamDelta(delta, token_id, seq.finish_reason if last else None), seq
+                    if stopped:
+                        break
         finally:
             self.engine.finish(seq, "abort")  # no-op when already finished
 
@@ -142,6 +164,18 @@ class LLM:
     def prompt_logprobs(self, token_ids: list[int], top: int = 0) -> list[PositionLogprob | None]:
         self.engine.validate_prompt(token_ids)
         return self.runner.prompt_logprobs(list(token_ids), top)
+
+
+def _check_speculative(model) -> None:
+    """Verification is exact only where every row runs as its own decode step (row-invariant
+    native kernels); say what to change elsewhere."""
+    if not model.use_native:
+        raise ValueError(
+            "speculative decoding needs fastgemma's CPU kernels (a CPU with AVX2 + FMA, kernels=auto); "
+            "on this configuration use speculative=none"
+        )
+    if model.spec.attn_softcap is not None:
+        raise ValueError("speculative decoding does not support attention logit softcapping; use speculative=none")
 
 
 def _find_stop(text: str, stops: list[str], start: int) -> int:

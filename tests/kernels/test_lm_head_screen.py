@@ -32,9 +32,9 @@ def _fp32_sums(weight: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     lib, (V, D) = native.load(), weight.shape
     out = torch.empty(V, dtype=torch.float32)
     if weight.dtype == torch.bfloat16:
-        lib.gemv_bf16(weight.data_ptr(), h.contiguous().data_ptr(), out.data_ptr(), V, D, 1)
+        lib.gemv_bf16(weight.data_ptr(), h.contiguous().data_ptr(), out.data_ptr(), 1, V, D, 1)
     else:
-        lib.gemv_f32(weight.data_ptr(), h.contiguous().data_ptr(), out.data_ptr(), V, D)
+        lib.gemv_f32(weight.data_ptr(), h.contiguous().data_ptr(), out.data_ptr(), 1, V, D)
     return out
 
 
@@ -68,7 +68,7 @@ def test_bound_is_never_violated(dtype, D):
     screen = LmHeadScreen(weight, lambda x: x)
     worst = 0.0
     for h in _hidden_states(screen, dtype):
-        approx, err, _ = screen.bounds(h)
+        approx, err, _ = next(screen.bounds(h[None]))
         approx, err = approx.clone(), err.clone()
         z = _fp32_sums(weight, h)
         exact = weight.double() @ h.double()
@@ -98,7 +98,7 @@ def test_screened_argmax_is_the_plain_argmax(cap):
     screen = LmHeadScreen(weight, finalize)
     for h in _hidden_states(screen, torch.bfloat16, n=60):
         plain = finalize(_fp32_sums(weight, h).to(torch.bfloat16))
-        assert screen.argmax(h[None]) == int(torch.argmax(plain))
+        assert screen.argmax(h[None])[0] == int(torch.argmax(plain))
         assert 1 <= screen.last_candidates <= weight.shape[0]
 
 
@@ -106,12 +106,12 @@ def test_ties_go_to_the_lowest_id():
     weight = _weight(1024, 640, torch.bfloat16)
     screen = LmHeadScreen(weight, lambda x: x)
     h = weight[1024 - 7].float().to(torch.bfloat16)  # rows 5 and 1017 are equal and win
-    assert screen.argmax(h[None]) == 5
+    assert screen.argmax(h[None])[0] == 5
     saturating = _softcap(0.5)  # every large logit saturates to the same bf16 value
     screen = LmHeadScreen(weight, saturating)
     h = (weight[100].float() * 50).to(torch.bfloat16)
     plain = saturating(_fp32_sums(weight, h).to(torch.bfloat16))
-    assert (plain == plain.max()).sum() > 1 and screen.argmax(h[None]) == int(torch.argmax(plain))
+    assert (plain == plain.max()).sum() > 1 and screen.argmax(h[None])[0] == int(torch.argmax(plain))
 
 
 @pytest.mark.parametrize("cap", [None, 30.0, 0.5])
@@ -124,7 +124,7 @@ def test_native_selection_is_the_definition(cap, dtype):
     finalize = (lambda x: x) if cap is None else _softcap(cap)
     screen = LmHeadScreen(weight, finalize)
     for h in _hidden_states(screen, dtype, n=25):
-        approx, err, count = screen.bounds(h)
+        approx, err, count = next(screen.bounds(h[None]))
         hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
         assert torch.equal(err, screen.coef * hnorm + approx.abs() * 2.0**-20)
         best = finalize((approx - err).to(dtype)).max()
@@ -142,7 +142,7 @@ def test_non_monotone_post_processing_is_refused():
 def test_flat_distribution_takes_the_full_head():
     weight = _weight(1024, 640, torch.bfloat16)
     screen = LmHeadScreen(weight, lambda x: x)
-    assert screen.argmax(torch.zeros(1, 640, dtype=torch.bfloat16)) == 0  # every logit 0: the lowest id
+    assert screen.argmax(torch.zeros(1, 640, dtype=torch.bfloat16))[0] == 0  # every logit 0: the lowest id
     assert screen.last_candidates == 1024
 
 
@@ -150,7 +150,7 @@ def test_non_finite_hidden_state_falls_back_to_the_full_head():
     weight = _weight(512, 640, torch.bfloat16)
     screen = LmHeadScreen(weight, lambda x: x)
     h = torch.full((1, 640), float("inf"), dtype=torch.bfloat16)
-    assert screen.argmax(h) == int(torch.argmax(_fp32_sums(weight, h[0]).to(torch.bfloat16)))
+    assert screen.argmax(h)[0] == int(torch.argmax(_fp32_sums(weight, h[0]).to(torch.bfloat16)))
     assert screen.last_candidates == 512
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from fastgemma.kernels import native
 from fastgemma.kernels.attention import _torch_attend, attend_decode
-from fastgemma.kernels.linear import linear
+from fastgemma.kernels.linear import NATIVE_MAX_ROWS, linear
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
 
@@ -29,22 +29,45 @@ def test_gemv_matches_fp64_reference(N, K, dtype):
         assert ((got.float() - exact.float()).abs() <= ulp * 1.01).all()
 
 
-def test_gemv_only_for_single_rows():
-    w, x = torch.randn(8, 16), torch.randn(3, 16)
+def test_gemv_only_for_decode_sized_inputs():
+    w, x = torch.randn(8, 16), torch.randn(NATIVE_MAX_ROWS + 1, 16)
     assert torch.equal(linear(x, w, use_native=True), F.linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,K", [(37, 640), (8, 1000), (262, 2048)])
+def test_gemv_rows_are_row_invariant(dtype, N, K):
+    """Each row of a multi-row product has exactly the bits of that row alone (what a
+    speculative verification relies on)."""
+    g = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    x = torch.randn(NATIVE_MAX_ROWS, K, generator=g).to(dtype)
+    for M in (2, 5, NATIVE_MAX_ROWS):
+        rows = linear(x[:M], w, use_native=True)
+        for m in range(M):
+            assert torch.equal(rows[m], linear(x[m : m + 1], w, use_native=True)[0])
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("H,Hkv,hd,S", [(4, 1, 256, 37), (8, 2, 512, 5), (2, 2, 16, 600)])
 def test_decode_attention(dtype, tol, H, Hkv, hd, S):
     g = torch.Generator().manual_seed(H * hd + S)
-    slots = S + 11  # the kernel reads the first S slots of a larger cache buffer
+    slots = S + 11  # the kernel reads S slots of a larger cache buffer
     k = torch.randn(Hkv, slots, hd, generator=g).to(dtype)
     v = torch.randn(Hkv, slots, hd, generator=g).to(dtype)
     q = torch.randn(H, 1, hd, generator=g).to(dtype)
-    got = attend_decode(q, k[:, :S], v[:, :S], 0.1)
+    got = attend_decode(q, k, v, S, 0, 0.1)
     ref = _torch_attend(q.double(), k[:, :S].double(), v[:, :S].double(), 0.1)
     assert (got.double() - ref).abs().max() < tol
+    # a wrapped ring: the keys from slot `first` on, modulo the slots, in that order
+    first = slots - 3
+    idx = torch.remainder(torch.arange(first, first + S), slots)
+    got = attend_decode(q, k, v, S, first, 0.1)
+    ref = _torch_attend(q.double(), k[:, idx].double(), v[:, idx].double(), 0.1)
+    assert (got.double() - ref).abs().max() < tol
+    # position order makes the result independent of where the keys sit
+    shifted_k, shifted_v = torch.roll(k, 5, dims=1), torch.roll(v, 5, dims=1)
+    assert torch.equal(attend_decode(q, shifted_k, shifted_v, S, (first + 5) % slots, 0.1), got)
 
 
 def test_bandwidth_probe_reads():

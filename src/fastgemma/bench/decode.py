@@ -9,11 +9,14 @@ of prefill tok/s (prompt tokens / time to first token), decode tok/s ((output_le
 time from first to last token), TTFT and ms per token, each with its spread (stdev).
 For fastgemma also: the bytes a decode step reads (its cost model at the mean context),
 the GB/s that implies, and its fraction of the read bandwidth measured in the same run.
-Schemes: `quantization` lists the weight schemes to run (kernels/quant.py), each its own
-fastgemma engine ("fastgemma", "fastgemma int8", ...) in the same alternation.
+Schemes: `quantization` lists the weight schemes to run (kernels/quant.py) and `speculative`
+the drafting methods (engine/speculative.py); each pair is its own fastgemma engine
+("fastgemma", "fastgemma int8", "fastgemma ngram", ...) in the same alternation. A
+speculative engine also reports its acceptance over the timed runs (mean acceptance length,
+per-position acceptance).
 Greedy identity: each fastgemma engine's outputs are compared, prompt by prompt, with the
-same loaded model on its plain path (one op at a time, full lm_head: no fused step, no
-screen); they must agree. `ppl_records` > 0 also scores that many challenge PPL records per
+same loaded model on its plain path (one op at a time, full lm_head, no drafting: no fused
+step, no screen, no speculation); they must agree. `ppl_records` > 0 also scores that many challenge PPL records per
 scheme and reports the PPL and its change against the unquantised model.
 """
 
@@ -29,8 +32,8 @@ from fastgemma.bench.bandwidth import read_bandwidth_gb_s
 from fastgemma.bench.cost_model import bytes_per_token
 from fastgemma.bench.engines import FastgemmaEngine, LlamaCppEngine, Timing, TransformersEngine
 from fastgemma.bench.ppl import load_ppl_records, perplexity
+from fastgemma.config import SPECULATIVE_METHODS, physical_cores
 from fastgemma.kernels.quant import QuantScheme
-from fastgemma.config import physical_cores
 
 COMPARE_ENGINES = ("transformers", "llama.cpp")
 
@@ -48,6 +51,10 @@ class DecodeBenchConfig:
     check_identity: bool = True
     quantization: tuple[str, ...] = ("none",)
     lm_head_screen: bool = True
+    speculative: tuple[str, ...] = ("none",)
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
     ppl_records: int = 0
     ppl_data: Path | None = None  # JSONL; None = the challenge's PPL records beside the repo
 
@@ -56,6 +63,9 @@ class DecodeBenchConfig:
             QuantScheme.parse(name)
         if not self.quantization or len(set(self.quantization)) != len(self.quantization):
             raise ValueError("--quantization needs one or more distinct schemes")
+        bad = [m for m in self.speculative if m not in SPECULATIVE_METHODS]
+        if bad or not self.speculative or len(set(self.speculative)) != len(self.speculative):
+            raise ValueError(f"--speculative needs one or more distinct methods of: {', '.join(SPECULATIVE_METHODS)}")
         if self.ppl_records < 0:
             raise ValueError("--ppl-records must be >= 0")
         unknown = [c for c in self.compare if c not in COMPARE_ENGINES]
@@ -108,7 +118,13 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
     texts = load_sharegpt_prompts(cfg.prompts or _default_prompts(), cfg.num_prompts)
     records = load_ppl_records(cfg.ppl_data or _shared_data("ppl_ground_truth_tokens.jsonl"), cfg.ppl_records) if cfg.ppl_records else []
     llms = [
-        LLM(model=cfg.model, dtype=cfg.dtype, quantization=q, lm_head_screen=cfg.lm_head_screen) for q in cfg.quantization
+        LLM(
+            model=cfg.model, dtype=cfg.dtype, quantization=q, lm_head_screen=cfg.lm_head_screen, speculative=method,
+            num_speculative_tokens=cfg.num_speculative_tokens, prompt_lookup_min=cfg.prompt_lookup_min,
+            prompt_lookup_max=cfg.prompt_lookup_max,
+        )
+        for q in cfg.quantization
+        for method in cfg.speculative
     ]
     llm = llms[0]
     prompts = [llm.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts]
@@ -134,6 +150,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         for _ in range(cfg.warmup):
             engine.run(prompts[0][:64], 8)
     bandwidth = read_bandwidth_gb_s()
+    spec_before = {name: m.engine.spec_stats.snapshot() for name, m in ours.items()}
     results = {e.name: EngineRuns() for e in engines}
     outputs: dict[str, dict[int, list[int]]] = {name: {} for name in ours}
     for rep in range(cfg.repetitions):
@@ -152,9 +169,14 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         s = stats[name]
         s["quantization"] = m.quantization
         s["lm_head_screen"] = m.model.lm_head_screen is not None
-        s["bytes_per_token"] = bytes_per_token(m.model, int(mean_context))
-        s["achieved_gb_s"] = s["bytes_per_token"] / (s["ms_per_token"] / 1000) / 1e9
-        s["bandwidth_fraction"] = s["achieved_gb_s"] / bandwidth
+        s["speculative"] = m.config.speculative
+        if m.config.speculative != "none":
+            s["num_speculative_tokens"] = m.config.num_speculative_tokens
+            s["acceptance"] = m.engine.spec_stats.since(spec_before[name]).as_dict()
+        s["bytes_per_token"] = bytes_per_token(m.model, int(mean_context))  # of one decode step
+        if m.config.speculative == "none":  # with drafting a step emits several tokens: no per-token GB/s
+            s["achieved_gb_s"] = s["bytes_per_token"] / (s["ms_per_token"] / 1000) / 1e9
+            s["bandwidth_fraction"] = s["achieved_gb_s"] / bandwidth
     step_bytes = stats[engines[0].name]["bytes_per_token"]
 
     identity: dict[str, Any] = {"checked": False}
@@ -163,10 +185,12 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         identity = {"checked": True}
         for name, m in ours.items():
             m.model.set_native_kernels(m.model.use_native, fused_decode=False, lm_head_screen=False)
+            proposer, m.engine.proposer = m.engine.proposer, None  # the plain path drafts nothing
             first_diff = []
             for i, ids in enumerate(prompts):
                 ref = m.generate([ids], params)[0].token_ids
                 first_diff.append(next((j for j, (a, b) in enumerate(zip(outputs[name][i], ref)) if a != b), None))
+            m.engine.proposer = proposer
             identity[name] = {
                 "identical_prompts": sum(d is None for d in first_diff), "prompts": len(prompts), "first_divergence": first_diff
             }
@@ -223,6 +247,14 @@ def render_table(result: dict[str, Any]) -> None:
         f"read bandwidth {result['read_bandwidth_gb_s']:.1f} GB/s; fastgemma step reads "
         f"{result['bytes_per_token'] / 1e6:.0f} MB ({result['kernels']} kernels, {result['threads']} threads)"
     )
+    for name, s in result["engines"].items():
+        if "acceptance" in s:
+            a = s["acceptance"]
+            per_pos = " ".join(f"{x:.2f}" for x in a["acceptance_per_position"])
+            console.print(
+                f"{name}: k={s['num_speculative_tokens']}, mean acceptance length {a['mean_acceptance_length']:.2f} "
+                f"over {a['num_drafts']} drafts, acceptance rate {a['acceptance_rate']:.2f}, per position [{per_pos}]"
+            )
     ident = result["greedy_identity_vs_plain_path"]
     for name, entry in ident.items():
         if name == "checked":

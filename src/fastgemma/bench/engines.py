@@ -21,11 +21,13 @@ class Timing:
 
 
 class FastgemmaEngine:
-    """fastgemma's engine loop on a loaded `LLM`; named "fastgemma" or "fastgemma int8", ..."""
+    """fastgemma's engine loop on a loaded `LLM`; named "fastgemma", "fastgemma int8",
+    "fastgemma ngram", "fastgemma int8 ngram", ... (scheme and speculative method)."""
 
     def __init__(self, llm):
         self.llm = llm
-        self.name = "fastgemma" if llm.quantization == "none" else f"fastgemma {llm.quantization}"
+        parts = [p for p in (llm.quantization, llm.config.speculative) if p != "none"]
+        self.name = " ".join(["fastgemma", *parts])
 
     def run(self, ids: list[int], output_len: int) -> Timing:
         from fastgemma import SamplingParams

@@ -25,6 +25,12 @@ QuantOpt = typer.Option(
 ScreenOpt = typer.Option(
     True, "--lm-head-screen/--no-lm-head-screen", help="Greedy tokens through the exact int8 lm_head screen."
 )
+SpecOpt = typer.Option(
+    "none", "--speculative", help="Speculative decoding: none | ngram (prompt lookup; greedy output unchanged)."
+)
+NumSpecOpt = typer.Option(4, "--num-speculative-tokens", "-k", help="Tokens drafted per step (1-15).")
+LookupMinOpt = typer.Option(2, "--prompt-lookup-min", help="ngram: shortest suffix matched.")
+LookupMaxOpt = typer.Option(4, "--prompt-lookup-max", help="ngram: longest suffix matched (tried first).")
 
 
 def _fail(message: str) -> None:
@@ -46,13 +52,18 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed"),
     chat: bool = typer.Option(False, "--chat", help="Format the prompt as one user turn."),
     quantization: str = QuantOpt,
+    speculative: str = SpecOpt,
+    num_speculative_tokens: int = NumSpecOpt,
 ) -> None:
     """Stream a completion of PROMPT to stdout."""
     from fastgemma import LLM, SamplingParams
 
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization)
+        llm = LLM(
+            model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization,
+            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+        )
         ids = llm.chat_prompt_ids([{"role": "user", "content": prompt}]) if chat else llm.encode_prompt(prompt)
         for delta in llm.stream(ids, params):
             sys.stdout.write(delta.text)
@@ -88,6 +99,10 @@ def serve(
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting at most; more get 429."),
     quantization: str = QuantOpt,
     lm_head_screen: bool = ScreenOpt,
+    speculative: str = SpecOpt,
+    num_speculative_tokens: int = NumSpecOpt,
+    prompt_lookup_min: int = LookupMinOpt,
+    prompt_lookup_max: int = LookupMaxOpt,
 ) -> None:
     """Serve an OpenAI-compatible API (vLLM's routes and fields)."""
     from fastgemma.server import run_server, settings_from_env
@@ -96,7 +111,9 @@ def serve(
         settings = settings_from_env(model=model, served_model_name=served_model_name, host=host, port=port)
         run_server(
             **settings, api_key=api_key, dtype=dtype, max_model_len=max_model_len, max_queue=max_queue,
-            quantization=quantization, lm_head_screen=lm_head_screen,
+            quantization=quantization, lm_head_screen=lm_head_screen, speculative=speculative,
+            num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max,
         )
     except ValueError as e:
         _fail(str(e))
@@ -136,6 +153,12 @@ def bench_decode(
         "none", "--quantization", "-q", help="Comma-separated schemes, each its own engine: none,int8,int4-g32,int4-g128."
     ),
     lm_head_screen: bool = ScreenOpt,
+    speculative: str = typer.Option(
+        "none", "--speculative", help="Comma-separated, each its own engine: none,ngram (greedy output unchanged)."
+    ),
+    num_speculative_tokens: int = NumSpecOpt,
+    prompt_lookup_min: int = LookupMinOpt,
+    prompt_lookup_max: int = LookupMaxOpt,
     ppl_records: int = typer.Option(0, "--ppl-records", help="Also score this many PPL records per scheme (0: none)."),
     ppl_data: Optional[Path] = typer.Option(None, "--ppl-data", help="PPL records JSONL (default: the challenge's)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the JSON line."),
@@ -144,7 +167,7 @@ def bench_decode(
 
     Timed per prompt and engine: TTFT = from the request until the first generated token (prefill + first sample); prefill tok/s = prompt tokens / TTFT; decode tok/s = (OUTPUT_LEN - 1) / time from the first to the last of OUTPUT_LEN greedy tokens (EOS ignored). Medians (± stdev) over prompts x repetitions, engines alternating prompt by prompt. Model load and warm-up are not timed.
 
-    Each --quantization scheme is its own fastgemma engine in the same alternation. Also reported per fastgemma engine: the bytes one decode step reads (its cost model), the GB/s that implies and its share of the read bandwidth measured in the same run, whether its greedy tokens equal those of the same model on its plain path (per-op, full lm_head), prompt by prompt, and with --ppl-records N the PPL over N challenge records and its change against the unquantised model (not timed).
+    Each --quantization scheme and each --speculative method is its own fastgemma engine in the same alternation; a speculative engine also reports its mean acceptance length and per-position acceptance. Also reported per fastgemma engine: the bytes one decode step reads (its cost model), the GB/s that implies and its share of the read bandwidth measured in the same run, whether its greedy tokens equal those of the same model on its plain path (per-op, full lm_head), prompt by prompt, and with --ppl-records N the PPL over N challenge records and its change against the unquantised model (not timed).
     """
     from fastgemma.bench.decode import DecodeBenchConfig, render_table, run_decode_bench
 
@@ -154,7 +177,9 @@ def bench_decode(
             compare=tuple(c.strip() for c in compare.split(",") if c.strip()), dtype=dtype,
             repetitions=repetitions, warmup=warmup, check_identity=not no_check,
             quantization=tuple(q.strip() for q in quantization.split(",") if q.strip()), lm_head_screen=lm_head_screen,
-            ppl_records=ppl_records, ppl_data=ppl_data,
+            speculative=tuple(m.strip() for m in speculative.split(",") if m.strip()),
+            num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max, ppl_records=ppl_records, ppl_data=ppl_data,
         )
         result = run_decode_bench(cfg, log=(lambda *_: None) if as_json else (lambda m: typer.echo(m, err=True)))
     except ValueError as e:

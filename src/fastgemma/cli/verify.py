@@ -24,6 +24,12 @@ def verify(
         None, "--quantization", "-q",
         help="Serve option: none | int8 | int4-g32 | int4-g128 at load; PPL is capped against the unquantised model.",
     ),
+    speculative: Optional[str] = typer.Option(
+        None, "--speculative", help="Serve option: none | ngram; identity is checked against plain decoding."
+    ),
+    num_speculative_tokens: Optional[int] = typer.Option(
+        None, "--num-speculative-tokens", "-k", help="Serve option: tokens drafted per step (default 4)."
+    ),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="sharegpt JSON (default: the challenge prompts)."),
     ppl_data: Optional[Path] = typer.Option(None, "--ppl-data", help="PPL records JSONL (default: the challenge records)."),
     private_prompts: Optional[Path] = typer.Option(None, "--private-prompts", help="Private sharegpt JSON (default: a held-out split)."),
@@ -56,13 +62,15 @@ def verify(
              "num_ppl_records": num_ppl_records, "output_len": output_len, "warmup": warmup}
     chosen = {k: (v if v is not None else sizes.get(k)) for k, v in given.items()}
     try:
-        if url is not None and any(v is not None for v in (model, dtype, max_model_len, quantization)):
+        serve_flags = (model, dtype, max_model_len, quantization, speculative, num_speculative_tokens)
+        if url is not None and any(v is not None for v in serve_flags):
             raise ValueError(
-                "--url uses a running endpoint; --model, --dtype, --max-model-len and --quantization start one: "
-                "give one or the other"
+                "--url uses a running endpoint; --model, --dtype, --max-model-len, --quantization and --speculative "
+                "start one: give one or the other"
             )
         serve = ServeOptions(model=model, dtype=dtype or "auto", max_model_len=max_model_len,
-                             quantization=quantization or "none")
+                             quantization=quantization or "none", speculative=speculative or "none",
+                             num_speculative_tokens=num_speculative_tokens or 4)
         cfg = VerifyConfig(
             url=url, serve=serve, api_key=api_key, prompts=prompts, ppl_data=ppl_data,
             private_prompts=private_prompts, private_ppl_data=private_ppl_data, seed=seed,

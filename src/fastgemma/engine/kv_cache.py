@@ -5,20 +5,26 @@ cached slots a query may see. It does not own the projections or the attention m
 
 Layout (one sequence at a time, so no batch dimension):
 - full layers: `[Hkv, max_model_len, hd]`, slot = position;
-- sliding layers: a ring `[Hkv, W, hd]` (W = sliding_window), slot = position mod W.
+- sliding layers: a ring `[Hkv, R, hd]` with R = W + spare slots (W = sliding_window; spare
+  = the most speculative tokens a step verifies, else 0), slot = position mod R.
   After positions 0..end-1 are written, slot s holds position
-  `p_s = end-1 - ((end-1-s) mod W)` (valid when p_s >= 0) — derived from `end`, so the
+  `p_s = end-1 - ((end-1-s) mod R)` (valid when p_s >= 0) — derived from `end`, so the
   ring keeps no position table of its own;
 - KV-shared layers (Gemma 4) have no buffers: they attend over their source layer's K/V.
-
-Writing a chunk of T tokens at positions start..end-1:
-- T == 1 (decode): write the slot, attend over every written slot (no mask needed: a ring
-  holds exactly the last W positions, all visible);
-- T > 1 on a ring: attend over [ring before the chunk ; the chunk's own K/V], then write the
-  chunk's last min(T, W) tokens into the ring. Queries in the chunk may need positions the
-  chunk is about to overwrite, hence attend-then-write.
 A query at q sees key position k iff 0 <= k <= q, and on sliding layers q - k < W (itself and
 W - 1 previous tokens).
+
+Two ways to run a chunk of T tokens at positions start..end-1:
+- decode-like (`metadata(..., decode_like=True)`; always for T == 1): `write` all T tokens'
+  K/V at their slots, then each query attends alone over `visible_keys(layer, q)`: S keys
+  from slot `first` on, in position order. A speculative verification (T = K + 1) runs so,
+  which makes each row the one-token step's, bit for bit. It needs R >= W + T - 1 (then the
+  chunk's writes overwrite only positions < start - W + 1, which no query of the chunk or
+  after sees) — hence the spare slots; rejected tokens' K/V are simply overwritten later
+  (full layers: never read before; ring: same argument).
+- prefill (T > 1): attend over [ring before the chunk ; the chunk's own K/V] with a mask,
+  then write the chunk's last min(T, R) tokens into the ring. Queries in the chunk may need
+  positions the chunk is about to overwrite, hence attend-then-write.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class AttentionMetadata:
     end: int  # one past the chunk's last token
     positions: torch.Tensor  # [T] int64
     masks: dict[str, torch.Tensor | None]  # layer type -> [T, S] bool (S = keys update() returns); None: all visible
+    decode_like: bool = False  # every token as its own decode step (write, then attend one by one)
 
     @property
     def num_tokens(self) -> int:
@@ -45,14 +52,17 @@ class AttentionMetadata:
 
 
 class KVCache:
-    def __init__(self, spec: ArchSpec, max_model_len: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, spec: ArchSpec, max_model_len: int, dtype: torch.dtype, device: torch.device, spare_ring_slots: int = 0
+    ):
         self.spec, self.max_model_len = spec, max_model_len
         self.window = spec.sliding_window
+        self.ring = min(self.window + spare_ring_slots, max_model_len)  # R: slots of a sliding layer
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         for i in spec.cache_layers:
             layer = spec.layers[i]
-            slots = min(self.window, max_model_len) if layer.is_sliding else max_model_len
+            slots = self.ring if layer.is_sliding else max_model_len
             shape = (layer.num_kv_heads, slots, layer.head_dim)
             self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
             self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
@@ -62,52 +72,87 @@ class KVCache:
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in [*self.k.values(), *self.v.values()])
 
-    def ring_positions(self, end: int) -> torch.Tensor:
-        """[min(W, max_model_len)] position held by each ring slot after writing 0..end-1 (-1: empty)."""
-        slots = torch.arange(min(self.window, self.max_model_len), device=self.device)
-        return (end - 1) - torch.remainder(end - 1 - slots, self.window)
+    @property
+    def max_decode_like_tokens(self) -> int:
+        """The most tokens one decode-like chunk may hold (R >= W + T - 1 on rings)."""
+        if not any(layer.is_sliding for layer in self.spec.layers) or self.ring >= self.max_model_len:
+            return self.max_model_len
+        return self.ring - self.window + 1
 
-    def metadata(self, start: int, num_tokens: int) -> AttentionMetadata:
+    def ring_positions(self, end: int) -> torch.Tensor:
+        """[R] position held by each ring slot after writing 0..end-1 (-1: empty)."""
+        slots = torch.arange(self.ring, device=self.device)
+        return (end - 1) - torch.remainder(end - 1 - slots, self.ring)
+
+    def visible_keys(self, sliding: bool, position: int) -> tuple[int, int]:
+        """(S, first): the query at `position` sees the S keys in slots first, first + 1, ...
+        (mod the buffer's slots), oldest first."""
+        if not sliding:
+            return position + 1, 0
+        S = min(position + 1, self.window)
+        return S, (position + 1 - S) % self.ring
+
+    def metadata(self, start: int, num_tokens: int, decode_like: bool | None = None) -> AttentionMetadata:
         end = start + num_tokens
         if end > self.max_model_len:
             raise ValueError(f"sequence of {end} tokens exceeds max_model_len={self.max_model_len}")
         q = torch.arange(start, end, device=self.device)  # [T]
         layer_types = {layer.layer_type for layer in self.spec.layers}
         masks: dict[str, torch.Tensor | None] = {}
-        if num_tokens == 1:
-            # Decode: update() returns exactly the keys this query may see (full: 0..end-1;
-            # ring: the last min(end, W) positions), so no mask is needed.
-            return AttentionMetadata(start=start, end=end, positions=q, masks=dict.fromkeys(layer_types))
+        if num_tokens == 1 or decode_like:
+            if num_tokens > self.max_decode_like_tokens:
+                raise ValueError(
+                    f"{num_tokens} decode-like tokens need {num_tokens - 1} spare ring slots; the cache has "
+                    f"{self.ring - self.window}"
+                )
+            # Each query sees exactly visible_keys(); no mask is needed.
+            return AttentionMetadata(start, end, q, dict.fromkeys(layer_types), decode_like=True)
         if FULL in layer_types:
             k = torch.arange(end, device=self.device)  # [end]
             masks[FULL] = k[None, :] <= q[:, None]
         if SLIDING in layer_types:
-            k = torch.cat([self.ring_positions(start)[: min(start, self.window)], q])
+            k = torch.cat([self.ring_positions(start)[: min(start, self.ring)], q])
             masks[SLIDING] = (k[None, :] <= q[:, None]) & (k[None, :] >= 0) & (q[:, None] - k[None, :] < self.window)
         return AttentionMetadata(start=start, end=end, positions=q, masks=masks)
+
+    def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
+        """Store a decode-like chunk's k, v: [Hkv, T, hd] at their slots."""
+        ck, cv = self.k[layer_idx], self.v[layer_idx]
+        if self.spec.layers[layer_idx].is_sliding:
+            slots = meta.positions % self.ring
+            ck[:, slots], cv[:, slots] = k, v
+        else:
+            ck[:, meta.start : meta.end], cv[:, meta.start : meta.end] = k, v
 
     def update(
         self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the chunk's k, v: [Hkv, T, hd]; return the keys/values to attend over: [Hkv, S, hd]."""
+        """Store the chunk's k, v: [Hkv, T, hd]; return the keys/values to attend over: [Hkv, S, hd]
+        (a decode step: the visible keys; a prefill chunk: keys for `meta.masks`)."""
         ck, cv = self.k[layer_idx], self.v[layer_idx]
         start, end, T = meta.start, meta.end, meta.num_tokens
         assert k.shape[1] == T and v.shape[1] == T, (k.shape, T)
-        if not self.spec.layers[layer_idx].is_sliding:
+        sliding = self.spec.layers[layer_idx].is_sliding
+        if meta.decode_like:
+            assert T == 1, "decode-like chunks of several tokens attend query by query (models/attention.py)"
+            self.write(layer_idx, k, v, meta)
+            S, first = self.visible_keys(sliding, start)
+            if S == ck.shape[1]:  # every slot visible (a full ring without spare slots)
+                return ck, cv
+            if first + S <= ck.shape[1]:
+                return ck[:, first : first + S], cv[:, first : first + S]
+            idx = torch.remainder(torch.arange(first, first + S, device=ck.device), ck.shape[1])
+            return ck[:, idx], cv[:, idx]
+        if not sliding:
             ck[:, start:end] = k
             cv[:, start:end] = v
             return ck[:, :end], cv[:, :end]
-        W = ck.shape[1]
-        if T == 1:
-            slot = start % W
-            ck[:, slot] = k[:, 0]
-            cv[:, slot] = v[:, 0]
-            return ck[:, : min(end, W)], cv[:, : min(end, W)]  # until the ring fills, slot = position
-        n_old = min(start, W)  # ring slots written before this chunk
+        R = ck.shape[1]
+        n_old = min(start, R)  # ring slots written before this chunk
         keys = torch.cat([ck[:, :n_old], k], dim=1)  # [Hkv, n_old + T, hd]
         values = torch.cat([cv[:, :n_old], v], dim=1)
-        keep = min(T, W)
-        slots = meta.positions[-keep:] % W
+        keep = min(T, R)
+        slots = meta.positions[-keep:] % R
         ck[:, slots] = k[:, -keep:]
         cv[:, slots] = v[:, -keep:]
         return keys, values

@@ -7,6 +7,11 @@ into logits. Knows nothing of sampling, stopping or text.
 - `decode(id, position)`: one token through every layer; its logits.
 - `decode_greedy(id, position)`: the same step when only its argmax is wanted (greedy, no
   logprobs): the model may pick it through the exact lm_head screen.
+- `verify(ids, position, greedy)`: ids [K + 1] (the last token and K drafted ones) at
+  positions position.. in one decode-like forward: per row the greedy token (greedy) or the
+  logits, each bit for bit what `decode_greedy` / `decode` would give at that position after
+  the rows before it (engine/kv_cache.py, models/gemma.py). Needs `num_speculative_tokens`
+  spare ring slots, given at construction.
 - `prompt_logprobs(ids, top)`: every position's log-softmax (teacher forcing), computed in
   slices so that no [T, V] tensor larger than `logits_chunk` rows exists at once.
 """
@@ -37,17 +42,18 @@ class ModelRunner:
         max_model_len: int,
         prefill_chunk: int = 512,
         logits_chunk: int = 128,
+        num_speculative_tokens: int = 0,
     ):
         self.model, self.max_model_len = model, max_model_len
         self.device = model.embed_tokens.weight.device
         self.prefill_chunk, self.logits_chunk = prefill_chunk, logits_chunk
-        self.cache = KVCache(model.spec, max_model_len, model.dtype, self.device)
+        self.cache = KVCache(model.spec, max_model_len, model.dtype, self.device, num_speculative_tokens)
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
-    def _forward(self, ids: list[int], start: int, keep: torch.Tensor | None) -> torch.Tensor:
-        meta = self.cache.metadata(start, len(ids))
+    def _forward(self, ids: list[int], start: int, keep: torch.Tensor | None, decode_like: bool = False) -> torch.Tensor:
+        meta = self.cache.metadata(start, len(ids), decode_like)
         embeds, ple_ids = self.model.embed(self._ids(ids))
         return self.model(embeds, ple_ids, meta, self.cache, keep)
 
@@ -70,7 +76,13 @@ class ModelRunner:
     @torch.inference_mode()
     def decode_greedy(self, token_id: int, position: int) -> int:
         hidden = self._forward([token_id], position, None)  # [1, D]
-        return self.model.greedy_token(hidden)
+        return self.model.greedy_tokens(hidden)[0]
+
+    @torch.inference_mode()
+    def verify(self, ids: list[int], position: int, greedy: bool) -> list[int] | torch.Tensor:
+        """Greedy tokens [len(ids)] or logits [len(ids), V] after each of ids at position.."""
+        hidden = self._forward(ids, position, None, decode_like=True)  # [K + 1, D]
+        return self.model.greedy_tokens(hidden) if greedy else self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[PositionLogprob | None]:

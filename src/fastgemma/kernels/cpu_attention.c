@@ -6,9 +6,12 @@
  *   s_j = scaling * (q_h . k_{g,j})           j < S, fp32
  *   p   = softmax(s)                          fp32
  *   o_h = sum_j p_j v_{g,j}                   fp32, stored in the cache dtype
- * q, o: [H, hd] contiguous; k, v: [Hkv, slots, hd] (the cache buffers; the first S slots are
- * read, `head_stride` = slots * hd). One query per call; OpenMP splits the heads.
- * Every key in the first S slots is visible (the cache returns exactly those).
+ * q, o: [H, hd] contiguous; k, v: [Hkv, slots, hd] (the cache buffers). Key j is the one in
+ * slot (first + j) mod slots: the visible keys in position order, whether the cache is a
+ * flat buffer (first = 0) or a ring that has wrapped (engine/kv_cache.py). Summing in
+ * position order makes the result independent of the ring's size, so a cache with spare
+ * ring slots (speculative decoding) gives the plain path's bits. One query per call;
+ * OpenMP splits the heads.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -48,9 +51,9 @@ static inline float VSUM(__m256 a) {
 
 #define DEFINE_ATTN(NAME, T, LOAD)                                                              \
 void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int64_t S,          \
-          int64_t hd, int64_t head_stride, float scaling, float *scratch) {                     \
+          int64_t first, int64_t slots, int64_t hd, float scaling, float *scratch) {            \
     /* scratch: H * (S + hd) floats */                                                          \
-    const int64_t G = H / Hkv;                                                                  \
+    const int64_t G = H / Hkv, head_stride = slots * hd;                                        \
     _Pragma("omp parallel for schedule(static)")                                                \
     for (int64_t h = 0; h < H; h++) {                                                           \
         const T *kh = k + (h / G) * head_stride, *vh = v + (h / G) * head_stride;               \
@@ -58,9 +61,10 @@ void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int6
         float *s = scratch + h * (S + hd), *acc = s + S;                                        \
         float m = -INFINITY;                                                                    \
         for (int64_t j = 0; j < S; j++) {                                                       \
+            const int64_t slot = first + j < slots ? first + j : first + j - slots;            \
             VEC a = VZERO();                                                                    \
             for (int64_t d = 0; d < hd; d += LANES)                                             \
-                a = VFMA(LOAD(qh + d), LOAD(kh + j * hd + d), a);                               \
+                a = VFMA(LOAD(qh + d), LOAD(kh + slot * hd + d), a);                            \
             s[j] = VSUM(a) * scaling;                                                           \
             if (s[j] > m) m = s[j];                                                             \
         }                                                                                       \
@@ -70,8 +74,9 @@ void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int6
         for (int64_t d = 0; d < hd; d += LANES) VSTOREF(acc + d, VZERO());                      \
         for (int64_t j = 0; j < S; j++) {                                                       \
             const VEC p = VSET1(s[j] * inv);                                                    \
+            const int64_t slot = first + j < slots ? first + j : first + j - slots;            \
             for (int64_t d = 0; d < hd; d += LANES)                                             \
-                VSTOREF(acc + d, VFMA(p, LOAD(vh + j * hd + d),                                 \
+                VSTOREF(acc + d, VFMA(p, LOAD(vh + slot * hd + d),                              \
                                                           VLOADF(acc + d)));                    \
         }                                                                                       \
         STORE_##T(o + h * hd, acc, hd);                                                         \

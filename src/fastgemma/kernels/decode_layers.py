@@ -2,10 +2,12 @@
 
 `NativeDecodeLayers(model, cache)` lays out one `GemmaLayer` struct per layer — pointers to
 the layer's weights, norm scales and cache buffers, fixed for the model's lifetime — and
-`run(h, ple, position)` fills in the per-step fields (RoPE rows, write slot, keys to attend
-over, PLE row) and runs every layer on the [1, D] hidden state in place. Same maths and
-bf16 rounding points as the torch path of models/gemma.py with native kernels; a quantised
-`Linear` is passed as its codes and scales and multiplied by the same quantised GEMV.
+`run(h, ple, start)` fills in the per-step fields (RoPE rows, PLE rows) and runs every layer
+on the [T, D] hidden states of the tokens at start.. in place: T = 1 is a decode step, T > 1
+a speculative verification whose every row is that decode step's, bit for bit (see the C
+file). Same maths and bf16 rounding points as the torch path of models/gemma.py with native
+kernels; a quantised `Linear` is passed as its codes and scales and multiplied by the same
+quantised GEMV.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def _mat(module) -> Mat:
 
 class GemmaLayer(ctypes.Structure):
     _fields_ = [
-        *[(n, _i64) for n in ("D", "H", "Hkv", "hd", "I", "P", "slots", "S", "slot", "k_eq_v", "v_norm")],
+        *[(n, _i64) for n in ("D", "H", "Hkv", "hd", "I", "P", "slots", "window", "shared", "k_eq_v", "v_norm")],
+        ("ple_stride", _i64),
         ("eps", _f32), ("scaling", _f32),
         *[(n, Mat) for n in ("w_qkv", "w_o", "w_gu", "w_down", "w_ple_gate", "w_ple_proj")],
         ("layer_scalar", _ptr),
@@ -62,27 +65,29 @@ def _p(t: torch.Tensor | None) -> int | None:
 
 
 class NativeDecodeLayers:
-    def __init__(self, model, cache):
+    def __init__(self, model, cache, max_tokens: int):
+        """max_tokens: the most tokens one `run` takes (1 + the speculative tokens)."""
         spec = model.spec
-        self.model, self.cache, self.spec = model, cache, spec
+        self.model, self.cache, self.spec, self.max_tokens = model, cache, spec, max_tokens
         n = spec.num_layers
         self.structs = (GemmaLayer * n)()
-        self.window = spec.sliding_window
         widest = max(
             max(2 * l.intermediate_size, (spec.num_heads + 2 * l.num_kv_heads) * l.head_dim) for l in spec.layers
         )
         max_hd_h = max(spec.num_heads * l.head_dim for l in spec.layers)
-        D, P = spec.hidden_size, spec.per_layer_input_size
-        self.buf = torch.empty(D + widest + max_hd_h + D + max(P, 1), dtype=torch.bfloat16)
+        D, P, T = spec.hidden_size, spec.per_layer_input_size, max_tokens
+        self.buf = torch.empty(T * (D + widest + max_hd_h + D + max(P, 1)), dtype=torch.bfloat16)
         self.max_keys = max(cache.k[i].shape[1] for i in cache.k)
         self.fbuf = torch.empty(spec.num_heads * (self.max_keys + max(l.head_dim for l in spec.layers)))
         widest_input = max(max(D, l.intermediate_size, spec.num_heads * l.head_dim) for l in spec.layers)
-        self.xf = torch.empty(max(widest_input, P))
+        self.xf = torch.empty(T * max(widest_input, P))
         for i, (layer, s) in enumerate(zip(model.layers, spec.layers)):
             a, L = layer.self_attn, self.structs[i]
             src = s.kv_source
             L.D, L.H, L.Hkv, L.hd, L.I, L.P = D, spec.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size, P
             L.slots = cache.k[src].shape[1]
+            L.window = cache.window if s.is_sliding else 0
+            L.shared, L.ple_stride = int(s.kv_shared), spec.num_layers * P
             L.k_eq_v, L.v_norm = int(s.k_eq_v), int(a.v_norm is not None)
             L.eps, L.scaling = spec.rms_norm_eps, a.scaling
             L.w_qkv, L.w_o = _mat(a.qkv_proj), _mat(a.o_proj)
@@ -97,30 +102,27 @@ class NativeDecodeLayers:
             L.k_cache, L.v_cache = _p(cache.k[src]), _p(cache.v[src])
         native.load().set_gelu_table_bf16(gelu_tanh_table().data_ptr())
         self.types = [s.layer_type for s in spec.layers]
-        self.shared = [s.kv_shared for s in spec.layers]
 
-    def run(self, h: torch.Tensor, ple: torch.Tensor | None, position: int) -> torch.Tensor:
-        """h: [1, D] bf16 (updated in place and returned); ple: [1, L, P] bf16 or None."""
-        assert h.is_contiguous() and h.dtype == torch.bfloat16
-        end = position + 1
+    def run(self, h: torch.Tensor, ple: torch.Tensor | None, start: int) -> torch.Tensor:
+        """h: [T, D] bf16 at positions start.. (updated in place and returned); ple: [T, L, P] bf16 or None."""
+        T = h.shape[0]
+        assert h.is_contiguous() and h.dtype == torch.bfloat16 and T <= self.max_tokens, (h.shape, self.max_tokens)
+        assert T <= self.cache.max_decode_like_tokens, "too few spare ring slots for this many tokens"
         rows = {}
         for t in set(self.types):
-            cos = self.model.rope_cos[t][position].to(torch.bfloat16)
-            sin = self.model.rope_sin[t][position].to(torch.bfloat16)
+            cos = self.model.rope_cos[t][start : start + T].to(torch.bfloat16).contiguous()  # [T, hd]
+            sin = self.model.rope_sin[t][start : start + T].to(torch.bfloat16).contiguous()
             rows[t] = (cos, sin)  # kept alive until the call returns
         if ple is not None:
             ple = ple.contiguous()
             P = self.spec.per_layer_input_size
         for i, L in enumerate(self.structs):
-            t = self.types[i]
-            sliding = t == "sliding_attention"
-            L.cos, L.sin = rows[t][0].data_ptr(), rows[t][1].data_ptr()
-            L.S = min(end, L.slots) if sliding else end
-            L.slot = -1 if self.shared[i] else (position % L.slots if sliding else position)
+            cos, sin = rows[self.types[i]]
+            L.cos, L.sin = cos.data_ptr(), sin.data_ptr()
             if ple is not None:
                 L.ple = ple.data_ptr() + i * P * 2
         native.load().gemma_decode_layers_bf16(
-            self.structs, len(self.structs), h.data_ptr(), self.buf.data_ptr(), self.fbuf.data_ptr(),
+            self.structs, len(self.structs), h.data_ptr(), T, start, self.buf.data_ptr(), self.fbuf.data_ptr(),
             self.xf.data_ptr(),
         )
         return h

@@ -1,12 +1,14 @@
-"""The decoder's linear layer: y = x @ W^T, with our GEMV for single-token CPU inputs.
+"""The decoder's linear layer: y = x @ W^T, with our GEMV for decode-sized CPU inputs.
 
 Batch-1 decode multiplies one row by every weight matrix; torch's stock CPU kernels reach a
 third of the memory bandwidth there, `cpu_gemv.c` most of it. Which kernel runs is a
 property of the model (`use_native`), the same for the plain and the fast path, so both
-round identically. Multi-row inputs (prefill, scoring) and other devices use torch.
+round identically. Inputs of up to `NATIVE_MAX_ROWS` rows (a decode step, a speculative
+verification) use the GEMV, which gives each row the same bits whatever the row count;
+larger ones (prefill, scoring) and other devices use torch.
 
 A `Linear` may hold its weight quantised (`quantize_(scheme)`, kernels/quant.py): then it
-keeps `qweight` and `scales` instead of `weight`; single rows use the quantised GEMV
+keeps `qweight` and `scales` instead of `weight`; decode-sized inputs use the quantised GEMV
 (`cpu_quant_gemv.c`), everything else multiplies by the dequantised matrix.
 """
 
@@ -20,20 +22,28 @@ from fastgemma.kernels import native, quant
 from fastgemma.kernels.quant import QuantScheme
 
 
+NATIVE_MAX_ROWS = 16  # inputs of up to this many rows use the native (row-invariant) GEMVs
+
+
+def native_rows(x: torch.Tensor, use_native: bool) -> bool:
+    """Whether x [M, K] goes through the native GEMVs."""
+    return use_native and x.shape[0] <= NATIVE_MAX_ROWS and x.device.type == "cpu"
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, use_native: bool) -> torch.Tensor:
     """x: [M, K], weight: [N, K] -> [M, N]."""
-    if not (use_native and x.shape[0] == 1 and x.device.type == "cpu" and x.dtype == weight.dtype):
+    if not (native_rows(x, use_native) and x.dtype == weight.dtype):
         return F.linear(x, weight)
     lib = native.load()
     if lib is None or x.dtype not in (torch.bfloat16, torch.float32) or not weight.is_contiguous():
         return F.linear(x, weight)
     x = x.contiguous()
-    N, K = weight.shape
-    y = torch.empty((1, N), dtype=x.dtype)
+    (M, K), N = x.shape, weight.shape[0]
+    y = torch.empty((M, N), dtype=x.dtype)
     if x.dtype == torch.bfloat16:
-        lib.gemv_bf16(weight.data_ptr(), x.data_ptr(), y.data_ptr(), N, K, 0)
+        lib.gemv_bf16(weight.data_ptr(), x.data_ptr(), y.data_ptr(), M, N, K, 0)
     else:
-        lib.gemv_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), N, K)
+        lib.gemv_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), M, N, K)
     return y
 
 
@@ -75,7 +85,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scheme is None:
             return linear(x, self.weight, self.use_native)
-        lib = native.load() if self.use_native and x.shape[0] == 1 and x.device.type == "cpu" else None
+        lib = native.load() if native_rows(x, self.use_native) else None
         if lib is not None and x.dtype in (torch.bfloat16, torch.float32):
             return quant.matvec(x, self.qweight, self.scales, self.scheme, lib)
         return F.linear(x, self.dequantized_weight().to(x.dtype))

@@ -26,7 +26,8 @@ so e_i = |h| (|r_i| + 2 g (|w_i| + |r_i|)), widened by 2^-10 relatively and |a_i
 absolutely to absorb the rounding of the bound's own arithmetic. |h| is computed in fp64.
 A non-finite hidden state falls back to the full lm_head, and so does a flat distribution
 (more than V / 8 candidates, where gathering rows would cost more than reading them all).
-Steps 2 and 3 run natively (cpu_screen.c), as the GEMVs do.
+Steps 2 and 3 run natively (cpu_screen.c), as the GEMVs do. Several hidden states (a
+speculative verification) share one pass of step 1 over Q; each row is then screened alone.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class LmHeadScreen:
         g = (K + 2) * _U / (1 - (K + 2) * _U)
         coef = (residual + 2 * g * (w.norm(dim=1) + residual)) * (1 + 2.0**-10)
         self.coef = torch.nextafter(coef.float(), torch.tensor(math.inf))  # rounded up  [V]
-        self.approx = torch.empty(V, dtype=torch.float32)
+        self.approx = torch.empty(0, V, dtype=torch.float32)  # [rows, V], grown on demand
         self.err = torch.empty(V, dtype=torch.float32)
         self.ids = torch.empty(V, dtype=torch.int64)
         self.keep = torch.empty(V, dtype=torch.uint8)  # scratch of cpu_screen.c
@@ -83,31 +84,39 @@ class LmHeadScreen:
     def nbytes(self) -> int:
         return self.qweight.numel() + 4 * (self.scales.numel() + self.coef.numel())
 
-    def bounds(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """h: [D] -> (approximate logits a [V], bound e [V], candidate count or -1 when not
-        finite); the candidates' ids are the first `count` entries of `self.ids`. Steps 1-3
-        of the module docstring, natively (cpu_quant_gemv.c, cpu_screen.c)."""
+    def bounds(self, hidden: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """hidden: [T, D] -> per row (approximate logits a [V], bound e [V], candidate count or
+        -1 when not finite); the candidates' ids are then the first `count` entries of
+        `self.ids` (overwritten by the next row). Steps 1-3 of the module docstring, natively
+        (cpu_quant_gemv.c, cpu_screen.c); the returned tensors are views of scratch buffers."""
         lib = native.load()
-        hf = h.float().contiguous()
-        V, K = self.qweight.shape
-        lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), V, K, 1)
-        hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
+        hf = hidden.float().contiguous()
+        (V, K), T = self.qweight.shape, hidden.shape[0]
+        if self.approx.shape[0] < T:
+            self.approx = torch.empty(T, V, dtype=torch.float32)
+        lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), T, V, K, 1)
         table = self.table.data_ptr() if self.table is not None else None
-        count = lib.screen_select(
-            self.approx.data_ptr(), self.coef.data_ptr(), hnorm, V, self.table is not None, table,
-            self.err.data_ptr(), self.keep.data_ptr(), self.ids.data_ptr(),
-        )
-        return self.approx, self.err, count
+        for t in range(T):
+            hnorm = float(torch.linalg.vector_norm(hidden[t].double())) * (1 + 2.0**-20)
+            count = lib.screen_select(
+                self.approx[t].data_ptr(), self.coef.data_ptr(), hnorm, V, self.table is not None, table,
+                self.err.data_ptr(), self.keep.data_ptr(), self.ids.data_ptr(),
+            )
+            yield self.approx[t], self.err, count
 
-    def argmax(self, hidden: torch.Tensor) -> int:
-        """hidden: [1, D] normed hidden state (model dtype) -> the plain path's greedy token."""
-        _, _, count = self.bounds(hidden[0])
-        if count < 0 or count > self.weight.shape[0] // 8:
-            # not finite, or a flat distribution: the full lm_head costs less than gathering rows
-            full = self.finalize(linear(hidden, self.weight, True))[0]
-            self.last_candidates = full.shape[0]
-            return int(torch.argmax(full))
-        candidates = self.ids[:count]  # ascending
-        exact = self.finalize(linear(hidden, self.weight.index_select(0, candidates), True))[0]
-        self.last_candidates = count
-        return int(candidates[torch.argmax(exact)])
+    def argmax(self, hidden: torch.Tensor) -> list[int]:
+        """hidden: [T, D] normed hidden states (model dtype) -> the plain path's greedy token of each row."""
+        tokens, self.last_candidates = [], 0
+        for t, (_, _, count) in enumerate(self.bounds(hidden)):
+            row = hidden[t : t + 1]
+            if count < 0 or count > self.weight.shape[0] // 8:
+                # not finite, or a flat distribution: the full lm_head costs less than gathering rows
+                full = self.finalize(linear(row, self.weight, True))[0]
+                self.last_candidates += full.shape[0]
+                tokens.append(int(torch.argmax(full)))
+                continue
+            candidates = self.ids[:count]  # ascending
+            exact = self.finalize(linear(row, self.weight.index_select(0, candidates), True))[0]
+            self.last_candidates += count
+            tokens.append(int(candidates[torch.argmax(exact)]))
+        return tokens

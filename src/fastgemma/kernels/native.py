@@ -72,16 +72,17 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         detail = getattr(e, "stderr", "") or str(e)
         return None, f"build failed: {detail.strip().splitlines()[-1] if detail.strip() else e}"
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.gemv_bf16.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int]
-    lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64]
-    lib.gemv_q8.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int]
-    lib.gemv_q4.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    # GEMVs: (W, [scales,] x, y, M, N, K[, G], out_f32) for M input rows x [M, K]
+    lib.gemv_bf16.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64]
+    lib.gemv_q8.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.gemv_q4.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
     lib.stream_read_f32.argtypes = [ptr, i64]
     lib.stream_read_f32.restype = ctypes.c_float
-    attn_args = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr]
+    attn_args = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr]  # q k v o H Hkv S first slots hd
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
-    lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, ptr]
+    lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, ptr]
     lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
     lib.screen_select.restype = i64
     lib.set_gelu_table_bf16.argtypes = [ptr]

@@ -107,14 +107,14 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, scheme: QuantScheme,
 
 
 def matvec(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, scheme: QuantScheme, lib) -> torch.Tensor:
-    """x: [1, K] (bf16 or fp32) -> [1, N] in x's dtype, with the native kernels of `lib`."""
+    """x: [M, K] (bf16 or fp32) -> [M, N] in x's dtype, with the native kernels of `lib`."""
     xf = x.float().contiguous()
     N = qweight.shape[0]
-    K = xf.shape[1]
-    y = torch.empty((1, N), dtype=x.dtype)
+    M, K = xf.shape
+    y = torch.empty((M, N), dtype=x.dtype)
     out_f32 = int(x.dtype == torch.float32)
     if scheme.bits == 8:
-        lib.gemv_q8(qweight.data_ptr(), scales.data_ptr(), xf.data_ptr(), y.data_ptr(), N, K, out_f32)
+        lib.gemv_q8(qweight.data_ptr(), scales.data_ptr(), xf.data_ptr(), y.data_ptr(), M, N, K, out_f32)
     else:
-        lib.gemv_q4(qweight.data_ptr(), scales.data_ptr(), xf.data_ptr(), y.data_ptr(), N, K, scheme.group, out_f32)
+        lib.gemv_q4(qweight.data_ptr(), scales.data_ptr(), xf.data_ptr(), y.data_ptr(), M, N, K, scheme.group, out_f32)
     return y

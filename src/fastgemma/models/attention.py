@@ -27,7 +27,7 @@ class Attention(nn.Module):
         super().__init__()
         layer = spec.layers[layer_idx]
         self.layer_idx, self.kv_shared, self.k_eq_v = layer_idx, layer.kv_shared, layer.k_eq_v
-        self.layer_type = layer.layer_type
+        self.layer_type, self.kv_source, self.is_sliding = layer.layer_type, layer.kv_source, layer.is_sliding
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, layer.num_kv_heads, layer.head_dim
         self.scaling, self.softcap = spec.attn_scaling, spec.attn_softcap
         q_out = self.num_heads * self.head_dim
@@ -60,21 +60,33 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)  # [T, q + k (+ v)]
         q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
         q = apply_rope(self.q_norm(q), cos, sin).transpose(0, 1)  # [H, T, hd]
-        if self.kv_shared:
-            assert shared_kv is not None, f"layer {self.layer_idx} is KV-shared but got no K/V"
-            keys, values = shared_kv
-        else:
+        native_decode = self.use_native and meta.decode_like and self.softcap is None
+        if not self.kv_shared:
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
             v = k if self.k_eq_v else qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
             k = apply_rope(self.k_norm(k), cos, sin)
             if self.v_norm is not None:
                 v = self.v_norm(v)
-            keys, values = cache.update(self.layer_idx, k.transpose(0, 1), v.transpose(0, 1), meta)  # [Hkv, S, hd]
-        mask = meta.masks[self.layer_type]
-        if self.use_native and T == 1 and mask is None and self.softcap is None:
-            out = attend_decode(q, keys, values, self.scaling)  # [H, 1, hd], fastgemma's CPU kernel
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, T, hd]
+        if native_decode:
+            # Each query on its own over its visible keys, straight from the cache buffers
+            # (fastgemma's CPU kernel): the same per row for any T (engine/kv_cache.py).
+            if not self.kv_shared:
+                cache.write(self.layer_idx, k, v, meta)
+            keys, values = cache.k[self.kv_source], cache.v[self.kv_source]
+            rows = []
+            for t in range(T):
+                S, first = cache.visible_keys(self.is_sliding, meta.start + t)
+                rows.append(attend_decode(q[:, t : t + 1], keys, values, S, first, self.scaling))
+            out = torch.cat(rows, dim=1) if T > 1 else rows[0]  # [H, T, hd]
         else:
-            out = attend(q, keys, values, mask, self.scaling, self.softcap)  # [H, T, hd]
+            if self.kv_shared:
+                assert shared_kv is not None, f"layer {self.layer_idx} is KV-shared but got no K/V"
+                keys, values = shared_kv
+            else:
+                keys, values = cache.update(self.layer_idx, k, v, meta)  # [Hkv, S, hd]
+            assert T == 1 or not meta.decode_like, "decode-like chunks need the native attention kernel"
+            out = attend(q, keys, values, meta.masks[self.layer_type], self.scaling, self.softcap)  # [H, T, hd]
         out = self.o_proj(out.transpose(0, 1).reshape(T, self.num_heads * self.head_dim))
         return out, (keys, values)
 

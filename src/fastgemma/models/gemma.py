@@ -15,11 +15,14 @@ At soft-token positions `ple_ids` holds the pad id, as transformers does.
 
 Prefill shortcut (Gemma 4): when only some positions' hidden states are wanted (`keep`),
 the KV-shared layers run on those positions only; scoring passes keep=None (all).
-Fused decode (bf16 on CPU): a one-token step runs every layer in one native call
+Decode-like chunks (`meta.decode_like`: a decode step, or the K + 1 tokens of a speculative
+verification): every token is computed as its own one-token step would be, bit for bit —
+row-invariant native GEMVs, row-wise norms, each query attending alone (engine/kv_cache.py).
+Fused decode (bf16 on CPU): such a chunk runs every layer in one native call
 (kernels/decode_layers.py) with the same rounding as the loop below, bit for bit.
-Greedy tokens: `greedy_token(hidden)` is argmax(compute_logits(hidden)); with the lm_head
-screen on (kernels/lm_head_screen.py) it gets the same token from an int8 copy of lm_head
-plus a few exactly recomputed rows.
+Greedy tokens: `greedy_tokens(hidden)` is argmax(compute_logits(hidden)) per row; with the
+lm_head screen on (kernels/lm_head_screen.py) it gets the same tokens from an int8 copy of
+lm_head plus a few exactly recomputed rows.
 
 This module owns no cache and no sampling; it reads and writes the cache it is given.
 """
@@ -34,7 +37,7 @@ from torch import nn
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels import bf16_table, decode_layers, huge_pages
 from fastgemma.kernels.lm_head_screen import LmHeadScreen
-from fastgemma.kernels.linear import Linear, linear
+from fastgemma.kernels.linear import NATIVE_MAX_ROWS, Linear, linear
 from fastgemma.models.attention import KV, Attention
 from fastgemma.models.layers import RMSNorm, gelu_tanh, rope_table
 from fastgemma.models.spec import ArchSpec
@@ -212,9 +215,10 @@ class GemmaForCausalLM(nn.Module):
         keep: torch.Tensor | None = None,  # [K] chunk indices whose hidden states are returned; None = all
     ) -> torch.Tensor:
         ple = self.per_layer_inputs(embeds, ple_ids) if self.spec.per_layer_input_size else None
-        if self.fused_decode and meta.num_tokens == 1:
+        if self.fused_decode and meta.decode_like:
             if self._decode_layers is None or self._decode_layers.cache is not cache:
-                self._decode_layers = decode_layers.NativeDecodeLayers(self, cache)
+                most = min(cache.max_decode_like_tokens, NATIVE_MAX_ROWS)
+                self._decode_layers = decode_layers.NativeDecodeLayers(self, cache, most)
             return self.norm(self._decode_layers.run(embeds.contiguous(), ple, meta.start))
         dtype, pos = embeds.dtype, meta.positions
         rope = {t: (self.rope_cos[t][pos].to(dtype), self.rope_sin[t][pos].to(dtype)) for t in self.rope_cos}
@@ -244,11 +248,11 @@ class GemmaForCausalLM(nn.Module):
         """[K, D] normed hidden states -> [K, V] logits (softcapped when the config says so)."""
         return self.finalize_logits(linear(hidden, self.lm_head_weight(), self.use_native))
 
-    def greedy_token(self, hidden: torch.Tensor) -> int:
-        """[1, D] -> argmax of compute_logits(hidden) (lowest id on ties), screened when on."""
-        if self.lm_head_screen is not None and hidden.device.type == "cpu":
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
+        """[T, D] -> argmax of compute_logits(hidden) per row (lowest id on ties), screened when on."""
+        if self.lm_head_screen is not None and hidden.device.type == "cpu" and hidden.shape[0] <= NATIVE_MAX_ROWS:
             return self.lm_head_screen.argmax(hidden)
-        return int(torch.argmax(self.compute_logits(hidden)[0]))
+        return torch.argmax(self.compute_logits(hidden), dim=-1).tolist()
 
     def finalize_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Softcap tanh(x / cap) * cap in the logits' dtype; identity without a cap. For bf16

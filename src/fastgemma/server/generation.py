@@ -57,6 +57,7 @@ def run_generation(job: Job, llm: Any, metrics: Metrics, p: Prepared, on_token: 
     parts: list[str] = []
     want_lp = p.params.logprobs is not None
     last = None
+    spec_before = llm.engine.spec_stats.snapshot()
     gen = llm.stream_ids(p.ids, p.params)
     seq = None
     try:
@@ -78,6 +79,7 @@ def run_generation(job: Job, llm: Any, metrics: Metrics, p: Prepared, on_token: 
     finally:
         gen.close()  # cancels the sequence in the engine when we stop early
         metrics.generation_tokens.inc(len(result.token_ids))
+        metrics.count_speculation(llm.engine.spec_stats.since(spec_before))
     result.text = "".join(parts)
     if want_lp and seq is not None:
         result.logprobs = list(seq.output_logprobs)

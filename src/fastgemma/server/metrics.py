@@ -5,7 +5,9 @@ process. Names are prefixed `fastgemma:` like vLLM's `vllm:` metrics.
 
 - requests by endpoint and HTTP status; prompt and generated tokens;
 - time to first token (from arrival, so queueing is included) and inter-token latency;
-- end-to-end request latency; queue depth (waiting) and requests running.
+- end-to-end request latency; queue depth (waiting) and requests running;
+- speculative decoding (vLLM's `spec_decode_*` names): drafts, drafted and accepted tokens,
+  accepted tokens per draft position.
 """
 
 from __future__ import annotations
@@ -52,7 +54,29 @@ class Metrics:
         self.running = Gauge(
             "fastgemma:num_requests_running", "Requests the engine is working on (0 or 1).", ["model_name"], registry=r
         ).labels(**labels)
+        self.spec_drafts = Counter(
+            "fastgemma:spec_decode_num_drafts", "Verification steps that carried drafted tokens.", ["model_name"],
+            registry=r,
+        ).labels(**labels)
+        self.spec_draft_tokens = Counter(
+            "fastgemma:spec_decode_num_draft_tokens", "Drafted tokens verified.", ["model_name"], registry=r
+        ).labels(**labels)
+        self.spec_accepted_tokens = Counter(
+            "fastgemma:spec_decode_num_accepted_tokens", "Drafted tokens kept.", ["model_name"], registry=r
+        ).labels(**labels)
+        self.spec_accepted_per_pos = Counter(
+            "fastgemma:spec_decode_num_accepted_tokens_per_pos", "Drafted tokens kept, by position in the draft.",
+            ["model_name", "position"], registry=r,
+        )
         self.model_name = model_name
+
+    def count_speculation(self, stats) -> None:
+        """Add one request's `SpecStats` (engine/speculative.py) to the counters."""
+        self.spec_drafts.inc(stats.num_drafts)
+        self.spec_draft_tokens.inc(stats.num_draft_tokens)
+        self.spec_accepted_tokens.inc(stats.num_accepted_tokens)
+        for pos, n in enumerate(stats.accepted_per_position):
+            self.spec_accepted_per_pos.labels(self.model_name, str(pos)).inc(n)
 
     def count_request(self, endpoint: str, status: int) -> None:
         self.requests.labels(self.model_name, endpoint, str(status)).inc()

@@ -64,6 +64,10 @@ def run_server(
     log_level: str = "info",
     quantization: str = "none",
     lm_head_screen: bool = True,
+    speculative: str = "none",
+    num_speculative_tokens: int = 4,
+    prompt_lookup_min: int = 2,
+    prompt_lookup_max: int = 4,
 ) -> None:
     """Load the model and serve it until interrupted (blocking).
 
@@ -79,12 +83,14 @@ def run_server(
     llm = load_on_passing_thread(
         lambda: LLM(
             model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization,
-            lm_head_screen=lm_head_screen,
+            lm_head_screen=lm_head_screen, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
         )
     )
     app = build_app(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue)
     name = app.state.fastgemma.served_model_name
-    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, quantization {llm.quantization}) on http://{host}:{port}/v1", flush=True)
+    spec = llm.config.speculative if llm.config.speculative == "none" else f"{llm.config.speculative} k={llm.config.num_speculative_tokens}"
+    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 

@@ -47,6 +47,25 @@ def api_base(url: str) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def parse_spec_decode_counters(text: str) -> dict[str, float] | None:
+    """{num_drafts, num_draft_tokens, num_accepted_tokens} from Prometheus text, or None."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "spec_decode_" not in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        metric = name.split("{", 1)[0].split(":", 1)[-1].removeprefix("spec_decode_").removesuffix("_total")
+        if metric in SPEC_COUNTERS:
+            try:
+                found[metric] = found.get(metric, 0.0) + float(value)
+            except ValueError:
+                continue
+    return found if len(found) == len(SPEC_COUNTERS) else None
+
+
 def field(obj: Any, path: str, stage: str) -> Any:
     """obj at `a.b[0].c`; StageError `response has no a.b[0].c` when any step is absent or null."""
     cur = obj
@@ -103,6 +122,17 @@ class Client:
             return response.json(), latency
         except ValueError:
             raise StageError(stage, f"{method} {path} returned a body that is not JSON") from None
+
+    def spec_decode_counters(self) -> dict[str, float] | None:
+        """The endpoint's speculative-decoding counters from GET /metrics (fastgemma's or
+        vLLM's `spec_decode_*` names, summed over labels), or None where there are none."""
+        try:
+            response = self.http.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return parse_spec_decode_counters(response.text)
 
     def model_ids(self, stage: str = "connect") -> list[str]:
         body, _ = self._request(stage, "GET", "/v1/models")

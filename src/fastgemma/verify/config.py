@@ -4,7 +4,9 @@
 `fastgemma serve` arguments, `llm_kwargs()` the in-process reference's `LLM(...)` arguments.
 A new serve option is a field here, its flag in `cli_args()`, and — when it changes the
 model's numerics rather than only its speed — its `LLM` argument in `llm_kwargs()`, so that
-the reference decodes the same checkpoint the server does. `--quantization` is the one
+the reference decodes the same checkpoint the server does. `--speculative` changes only the
+speed (greedy output is the plain path's by construction), so the reference never drafts:
+identity is checked against plain decoding. `--quantization` is the one
 option with two references: greedy identity against the quantised model's own plain path,
 PPL against the unquantised model (`unquantized_llm_kwargs()`), so that the cap bounds
 what quantising costs.
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastgemma.config import MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
 from fastgemma.kernels.quant import SCHEMES
 from fastgemma.verify.data import PPL_FILE, PROMPTS_FILE, default_data_dir
 
@@ -32,8 +35,14 @@ class ServeOptions:
     dtype: str = "auto"
     max_model_len: int | None = None
     quantization: str = "none"  # served at load with `--quantization`; one of kernels.quant.SCHEMES
+    speculative: str = "none"  # served with `--speculative`; one of config.SPECULATIVE_METHODS
+    num_speculative_tokens: int = 4
 
     def __post_init__(self) -> None:
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"invalid --speculative {self.speculative!r}; use one of: {', '.join(SPECULATIVE_METHODS)}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"--num-speculative-tokens must be in 1..{MAX_SPECULATIVE_TOKENS}")
         if self.dtype not in DTYPES:
             raise ValueError(f"invalid --dtype {self.dtype!r}; use one of: auto, bfloat16, float32")
         if self.quantization not in SCHEMES:
@@ -49,6 +58,8 @@ class ServeOptions:
             args += ["--max-model-len", str(self.max_model_len)]
         if self.quantization != "none":
             args += ["--quantization", self.quantization]
+        if self.speculative != "none":
+            args += ["--speculative", self.speculative, "--num-speculative-tokens", str(self.num_speculative_tokens)]
         return args
 
     def llm_kwargs(self) -> dict[str, Any]:

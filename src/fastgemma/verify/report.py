@@ -53,6 +53,7 @@ def markdown_record(summary: dict[str, Any]) -> str:
         ("PPL cap", _fmt(summary["cap"])), ("PPL target tokens", str(summary["ppl_num_tokens"])),
         ("quantization (ΔPPL vs unquantised)", f"{summary['quantization'] or 'as served'} ({_pct(summary['ppl_delta'])})"),
         ("greedy identity", str(summary["identity"]["holds"])),
+        ("speculative acceptance (public run)", _spec(summary.get("speculation"))),
         ("prompts", f"{pub['num_requests']} public + {priv['num_requests']} private ({summary['private_source']})"),
         ("output len", str(pub["output_len"])),
     ]
@@ -61,6 +62,13 @@ def markdown_record(summary: dict[str, Any]) -> str:
     lines += [f"| {c['name']} | {c['status']} | {c['detail']} |" for c in summary["checks"]]
     lines += ["", "Measured by `fastgemma verify` (methodology: sglang bench_serving v0.5.2, `vllm-chat`).", ""]
     return "\n".join(lines)
+
+
+def _spec(spec: dict[str, Any] | None) -> str:
+    if not spec:
+        return "none reported"
+    return (f"mean acceptance length {spec['mean_acceptance_length']:.2f} over {spec['num_drafts']} drafts, "
+            f"acceptance rate {spec['acceptance_rate']:.2f}")
 
 
 def render_table(summary: dict[str, Any]) -> None:
@@ -84,5 +92,7 @@ def render_table(summary: dict[str, Any]) -> None:
         f"PPL {summary['ppl']:.4f} over {summary['ppl_num_tokens']} tokens (cap {_fmt(summary['cap'])}; "
         f"quantization {summary['quantization'] or 'as served'}, ΔPPL {_pct(summary['ppl_delta'])})"
     )
+    if summary.get("speculation"):
+        console.print(f"speculative decoding (public run): {_spec(summary['speculation'])}")
     console.print(f"verdict: {summary['verdict']}" + "".join(f"\n  - {r}" for r in summary["reasons"]))
     console.print(f"outputs: {summary['outputs']['dir']}")

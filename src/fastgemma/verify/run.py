@@ -81,7 +81,9 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
     p = cfg.progress
     with open_endpoint(cfg, log) as url, Client(url, cfg.api_key, cfg.request_timeout_s) as client:
         model = client.model_ids()[0]
+        spec_start = client.spec_decode_counters()
         public = timed("tps", lambda: run_tps(client, model, inputs.public, cfg.output_len, cfg.warmup, "tps", p))
+        speculation = _acceptance(spec_start, client.spec_decode_counters())
         captured = timed("audit", lambda: run_audit(client, model, inputs.audit, cfg.output_len, p))
         ppl = timed("ppl", lambda: run_ppl(client, model, inputs.records, "ppl", p))
         private = timed("tps-private", lambda: run_tps(client, model, inputs.private, cfg.output_len, cfg.warmup, "tps-private", p))
@@ -120,6 +122,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
         "cap": cap, "quantization": cfg.serve.quantization if cfg.model_known else None,
         "ppl_delta": ppl.ppl / reference_ppl - 1.0 if reference_ppl else None,
         "private_tps": private.output_tps, "tps_change": private.output_tps / public.output_tps - 1.0,
+        "speculation": speculation,
         "identity": identity.to_dict(),
         "latencies": {k: v for k, v in public.to_dict().items() if k.endswith("_ms")},
         "public": public.to_dict(), "private": private.to_dict(), "private_source": inputs.private_source,
@@ -131,6 +134,19 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
     }
     summary["outputs"] = _write_outputs(cfg, summary, public, private, captured, ppl, ref_ppl, private_ppl, identity, cap)
     return summary
+
+
+def _acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
+    """Drafting over the public TPS run (warm-up included) from the endpoint's /metrics
+    counters; None when it exposes none or drafted nothing."""
+    if before is None or after is None:
+        return None
+    d = {k: after[k] - before[k] for k in after}
+    if d["num_drafts"] <= 0:
+        return None
+    return {**{k: int(v) for k, v in d.items()},
+            "mean_acceptance_length": 1.0 + d["num_accepted_tokens"] / d["num_drafts"],
+            "acceptance_rate": d["num_accepted_tokens"] / d["num_draft_tokens"] if d["num_draft_tokens"] else 0.0}
 
 
 def _write_outputs(cfg: VerifyConfig, summary: dict[str, Any], public: Any, private: Any, captured: Any,
