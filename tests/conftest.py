@@ -87,6 +87,19 @@ def tiny_text_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_multimodal(tmp_path_factory) -> Path:
+    """A tiny random Gemma4ForConditionalGeneration (vision + audio) with a Gemma 4 tokenizer."""
+    return tiny_models.save_tiny_multimodal(tmp_path_factory.mktemp("models") / "tiny-gemma4-mm")
+
+
+@pytest.fixture(scope="session")
+def mm_llm(tiny_multimodal):
+    from fastgemma import LLM
+
+    return LLM(str(tiny_multimodal), dtype="float32", max_model_len=512)
+
+
+@pytest.fixture(scope="session")
 def embedded_llm_fp32():
     from fastgemma import LLM
 

@@ -16,7 +16,7 @@ from fastgemma.kernels.quant import QuantScheme
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
-SPECULATIVE_METHODS = ("none", "ngram")
+SPECULATIVE_METHODS = ("none", "ngram", "mtp")
 MAX_SPECULATIVE_TOKENS = 15  # a verification's K + 1 rows stay within the row-invariant GEMVs' 16
 
 
@@ -62,8 +62,9 @@ class EngineConfig:
     threads: int | None = None  # CPU threads; None = the physical cores
     quantization: str = "none"  # body linears: none | int8 | int4-g32 | int4-g128 (kernels/quant.py)
     lm_head_screen: bool = True  # greedy tokens through the exact int8 lm_head screen where supported
-    speculative: str = "none"  # none | ngram (engine/ngram.py): drafts verified K at a time, output unchanged
+    speculative: str = "none"  # none | ngram (engine/ngram.py) | mtp (engine/mtp.py): drafts verified K at a time
     num_speculative_tokens: int = 4  # K: tokens drafted per step
+    draft_model: str | None = None  # mtp: the Gemma 4 assistant checkpoint (folder or hub id)
     prompt_lookup_min: int = 2  # ngram: shortest suffix matched
     prompt_lookup_max: int = 4  # ngram: longest suffix matched (tried first)
 
@@ -79,6 +80,13 @@ class EngineConfig:
         self.quant_scheme()  # raises on an unknown scheme
         if self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(f"invalid speculative method {self.speculative!r}; use one of: {', '.join(SPECULATIVE_METHODS)}")
+        if self.speculative == "mtp" and not self.draft_model:
+            raise ValueError(
+                "speculative mtp needs a draft model: pass --draft-model (draft_model=) with a Gemma 4 assistant "
+                "checkpoint, e.g. google/gemma-4-E4B-it-assistant"
+            )
+        if self.draft_model and self.speculative != "mtp":
+            raise ValueError("a draft model is only used by --speculative mtp; add it or drop --draft-model")
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(
                 f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS} (got {self.num_speculative_tokens})"

@@ -7,6 +7,13 @@ engine below sees token ids only. One request runs at a time, in submission orde
     out = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0.0))[0]
     out.text, out.token_ids
     llm.score(ids)                                # logprob of each token given its prefix
+
+Multimodal Gemma 4 (vLLM's prompt dicts; the towers run at prefill, models/towers.py):
+
+    llm.generate([{"prompt": "<|image|> What is this?", "multi_modal_data": {"image": [img]}}])
+    llm.generate([{"prompt_token_ids": ids, "multi_modal_data": {"audio": [(wave, 16000)]}}])
+    llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url}},
+                                           {"type": "text", "text": "Describe it."}]}])
 """
 
 from __future__ import annotations
@@ -19,15 +26,20 @@ import torch
 from fastgemma.config import EngineConfig, physical_cores
 from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
+from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence
 from fastgemma.kernels import native
+from fastgemma.models.towers import MultimodalInputs
+from fastgemma.multimodal.chat import split_media
+from fastgemma.multimodal.processor import MultimodalProcessor
 from fastgemma.outputs import CompletionOutput, RequestOutput, StreamDelta
 from fastgemma.tokenizer import IncrementalDecoder
 from fastgemma.weights import load
+from fastgemma.weights.assistant import load_assistant
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict[str, Any]  # dict: {"prompt" | "prompt_token_ids", "multi_modal_data"}
 
 
 class LLM:
@@ -46,12 +58,13 @@ class LLM:
         num_speculative_tokens: int = 4,
         prompt_lookup_min: int = 2,
         prompt_lookup_max: int = 4,
+        draft_model: str | None = None,
     ):
         self.config = EngineConfig(
             model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk,
             kernels=kernels, threads=threads, quantization=quantization or "none", lm_head_screen=lm_head_screen,
             speculative=speculative or "none", num_speculative_tokens=num_speculative_tokens,
-            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, draft_model=draft_model,
         )
         if self.config.torch_device().type == "cpu":
             torch.set_num_threads(self.config.threads or physical_cores())
@@ -63,15 +76,28 @@ class LLM:
         self.model = loaded.model
         self.max_model_len = loaded.max_model_len
         self.quantization = loaded.quantization
-        proposer, spare = None, 0
-        if self.config.speculative == "ngram":
+        self.processor = None  # Gemma 4 image / audio preprocessing, when the checkpoint has towers
+        if (towers := loaded.towers) is not None:
+            self.processor = MultimodalProcessor(loaded.source.path, loaded.hf_config, towers.has_vision, towers.has_audio)
+        c = self.config
+        if c.speculative != "none":
             _check_speculative(loaded.model)
-            c = self.config
-            proposer = NgramProposer(c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max)
-            spare = c.num_speculative_tokens  # ring slots a K-token verification needs (engine/kv_cache.py)
+        # Spare ring slots: a K-token verification needs K (engine/kv_cache.py); the MTP
+        # assistant also reads one position further back than a sliding query (models/assistant.py).
+        spare = {"none": 0, "ngram": c.num_speculative_tokens, "mtp": c.num_speculative_tokens + 1}[c.speculative]
         self.runner = ModelRunner(
-            loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk, num_speculative_tokens=spare
+            loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk, num_speculative_tokens=spare,
+            towers=loaded.towers,
         )
+        proposer: NgramProposer | MtpProposer | None = None
+        if c.speculative == "ngram":
+            proposer = NgramProposer(c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max)
+        elif c.speculative == "mtp":
+            assistant = load_assistant(
+                c.draft_model, loaded.spec, loaded.model.dtype, self.runner.device, loaded.max_model_len
+            )
+            assistant.set_native_kernels(loaded.model.use_native)
+            proposer = MtpProposer(assistant, loaded.model, self.runner.cache, c.num_speculative_tokens)
         self.engine = LLMEngine(self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer)
 
     @property
@@ -80,7 +106,7 @@ class LLM:
 
     # ---- prompts -------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
+    def encode_prompt(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty; give some text or token ids")
@@ -93,39 +119,92 @@ class LLM:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def encode_inputs(self, prompt: Prompt) -> tuple[list[int], MultimodalInputs | None]:
+        """A prompt (text, ids, or vLLM's dict with `multi_modal_data`) -> (ids with soft-token
+        slots, tower inputs or None)."""
+        if not isinstance(prompt, dict):
+            return self.encode_prompt(prompt), None
+        text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
+        if (text is None) == (ids is None):
+            raise ValueError('a prompt dict has exactly one of "prompt" and "prompt_token_ids"')
+        data = prompt.get("multi_modal_data") or {}
+        if unknown := set(data) - {"image", "audio"}:
+            raise ValueError(f"multi_modal_data takes image and audio; got {sorted(unknown)}")
+        images, audios = _as_list(data.get("image")), _as_list(data.get("audio"), tuple)
+        return self.process_media(self.encode_prompt(text if ids is None else ids), images, audios)
+
+    def process_media(
+        self, ids: list[int], images: list[Any], audios: list[tuple[Any, int]]
+    ) -> tuple[list[int], MultimodalInputs | None]:
+        if not images and not audios:
+            return ids, None
+        if self.processor is None:
+            kind = "vision" if images else "audio"
+            raise ValueError(f"this model has no {kind} tower; it cannot take {'images' if images else 'audio'}")
+        if images and self.runner.towers.bidirectional_vision:
+            raise ValueError("this model attends bidirectionally within images, which fastgemma does not; no images")
+        return self.processor.process(ids, images, audios)
+
+    def chat_inputs(
+        self, messages: list[dict[str, Any]], allow_remote_media: bool = False
+    ) -> tuple[list[int], MultimodalInputs | None]:
+        """Chat messages with OpenAI-style content parts (multimodal/chat.py) -> (ids, tower inputs)."""
+        hf, p = self.tokenizer.hf, self.processor
+        image_token = hf.convert_ids_to_tokens(p.image_token_id) if p is not None and hf is not None else ""
+        audio_token = hf.convert_ids_to_tokens(p.audio_token_id) if p is not None and hf is not None else ""
+        media = split_media(messages, image_token, audio_token, self.tokenizer.has_chat_template, allow_remote_media)
+        return self.process_media(self.chat_prompt_ids(media.messages), media.images, media.audios)
+
     # ---- generation ----------------------------------------------------------------------
 
     def generate(
         self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | None = None
     ) -> list[RequestOutput]:
         params = sampling_params or SamplingParams()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        encoded = [self.encode_prompt(p) for p in prompts]  # validate all before running any
-        for ids in encoded:
+        encoded = [self.encode_inputs(p) for p in prompts]  # validate all before running any
+        for ids, _ in encoded:
             self.engine.validate_prompt(ids)
         outputs = []
-        for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-            text = ""
-            for delta, seq in self.stream_ids(ids, params):
-                text += delta.text
-            logprobs = seq.output_logprobs if params.logprobs is not None else None
-            completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, logprobs)
-            outputs.append(RequestOutput(str(i), prompt if isinstance(prompt, str) else None, ids, [completion]))
+        for i, (prompt, (ids, mm)) in enumerate(zip(prompts, encoded)):
+            prompt_text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+            text = prompt_text if isinstance(prompt_text, str) else None
+            outputs.append(RequestOutput(str(i), text, ids, [self._complete(ids, params, mm)]))
         return outputs
 
-    def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None) -> RequestOutput:
-        return self.generate([self.chat_prompt_ids(messages)], sampling_params)[0]
+    def _complete(self, ids: list[int], params: SamplingParams, mm: MultimodalInputs | None) -> CompletionOutput:
+        text = ""
+        for delta, seq in self.stream_ids(ids, params, mm):
+            text += delta.text
+        logprobs = seq.output_logprobs if params.logprobs is not None else None
+        return CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, logprobs)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        allow_remote_media: bool = False,
+    ) -> RequestOutput:
+        """One chat turn; content parts may carry images and audio (multimodal/chat.py).
+        Remote image URLs are fetched only with `allow_remote_media`."""
+        ids, mm = self.chat_inputs(messages, allow_remote_media)
+        self.engine.validate_prompt(ids)
+        return RequestOutput("0", None, ids, [self._complete(ids, sampling_params or SamplingParams(), mm)])
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield text deltas as tokens are generated; closing the iterator cancels the request."""
-        for delta, _ in self.stream_ids(self.encode_prompt(prompt), sampling_params or SamplingParams()):
+        ids, mm = self.encode_inputs(prompt)
+        for delta, _ in self.stream_ids(ids, sampling_params or SamplingParams(), mm):
             yield delta
 
-    def stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[tuple[StreamDelta, Sequence]]:
-        """Run one token-id prompt; yield each step's delta with the live `Sequence`
-        (its `output_logprobs` when `params.logprobs` is set). Closing the iterator aborts it."""
-        seq = self.engine.add_request(ids, params)
+    def stream_ids(
+        self, ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
+    ) -> Iterator[tuple[StreamDelta, Sequence]]:
+        """Run one token-id prompt (with its tower inputs, if any); yield each step's delta with
+        the live `Sequence` (its `output_logprobs` when `params.logprobs` is set). Closing the
+        iterator aborts it."""
+        seq = self.engine.add_request(ids, params, multimodal)
         decoder = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
         # Text that could be the start of a stop string is held back until it cannot be.
         hold = max((len(s) for s in params.stop), default=1) - 1
@@ -176,6 +255,17 @@ def _check_speculative(model) -> None:
         )
     if model.spec.attn_softcap is not None:
         raise ValueError("speculative decoding does not support attention logit softcapping; use speculative=none")
+
+
+def _as_list(value: Any, item: type | None = None) -> list[Any]:
+    """One item or a list of them (`item`: the type a single item has, e.g. an audio tuple)."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    if item is not None and not isinstance(value, item):
+        raise ValueError(f"expected a {item.__name__} or a list of them, got {type(value).__name__}")
+    return [value]
 
 
 def _find_stop(text: str, stops: list[str], start: int) -> int:

@@ -55,6 +55,7 @@ class DecodeBenchConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    draft_model: str | None = None  # mtp: the Gemma 4 assistant
     ppl_records: int = 0
     ppl_data: Path | None = None  # JSONL; None = the challenge's PPL records beside the repo
 
@@ -66,6 +67,8 @@ class DecodeBenchConfig:
         bad = [m for m in self.speculative if m not in SPECULATIVE_METHODS]
         if bad or not self.speculative or len(set(self.speculative)) != len(self.speculative):
             raise ValueError(f"--speculative needs one or more distinct methods of: {', '.join(SPECULATIVE_METHODS)}")
+        if ("mtp" in self.speculative) != (self.draft_model is not None):
+            raise ValueError("--speculative mtp and --draft-model go together: give both or neither")
         if self.ppl_records < 0:
             raise ValueError("--ppl-records must be >= 0")
         unknown = [c for c in self.compare if c not in COMPARE_ENGINES]
@@ -121,7 +124,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         LLM(
             model=cfg.model, dtype=cfg.dtype, quantization=q, lm_head_screen=cfg.lm_head_screen, speculative=method,
             num_speculative_tokens=cfg.num_speculative_tokens, prompt_lookup_min=cfg.prompt_lookup_min,
-            prompt_lookup_max=cfg.prompt_lookup_max,
+            prompt_lookup_max=cfg.prompt_lookup_max, draft_model=cfg.draft_model if method == "mtp" else None,
         )
         for q in cfg.quantization
         for method in cfg.speculative

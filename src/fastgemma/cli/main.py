@@ -26,8 +26,10 @@ ScreenOpt = typer.Option(
     True, "--lm-head-screen/--no-lm-head-screen", help="Greedy tokens through the exact int8 lm_head screen."
 )
 SpecOpt = typer.Option(
-    "none", "--speculative", help="Speculative decoding: none | ngram (prompt lookup; greedy output unchanged)."
+    "none", "--speculative",
+    help="Speculative decoding: none | ngram (prompt lookup) | mtp (Gemma 4 assistant, --draft-model); greedy output unchanged.",
 )
+DraftOpt = typer.Option(None, "--draft-model", help="mtp: Gemma 4 assistant folder or hub id (gemma4_assistant).")
 NumSpecOpt = typer.Option(4, "--num-speculative-tokens", "-k", help="Tokens drafted per step (1-15).")
 LookupMinOpt = typer.Option(2, "--prompt-lookup-min", help="ngram: shortest suffix matched.")
 LookupMaxOpt = typer.Option(4, "--prompt-lookup-max", help="ngram: longest suffix matched (tried first).")
@@ -54,6 +56,7 @@ def generate(
     quantization: str = QuantOpt,
     speculative: str = SpecOpt,
     num_speculative_tokens: int = NumSpecOpt,
+    draft_model: Optional[str] = DraftOpt,
 ) -> None:
     """Stream a completion of PROMPT to stdout."""
     from fastgemma import LLM, SamplingParams
@@ -62,7 +65,7 @@ def generate(
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         llm = LLM(
             model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization,
-            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+            speculative=speculative, num_speculative_tokens=num_speculative_tokens, draft_model=draft_model,
         )
         ids = llm.chat_prompt_ids([{"role": "user", "content": prompt}]) if chat else llm.encode_prompt(prompt)
         for delta in llm.stream(ids, params):
@@ -103,6 +106,10 @@ def serve(
     num_speculative_tokens: int = NumSpecOpt,
     prompt_lookup_min: int = LookupMinOpt,
     prompt_lookup_max: int = LookupMaxOpt,
+    draft_model: Optional[str] = DraftOpt,
+    allow_remote_media: bool = typer.Option(
+        False, "--allow-remote-media", help="Fetch http(s) image URLs in chat content parts (off: only data URLs)."
+    ),
 ) -> None:
     """Serve an OpenAI-compatible API (vLLM's routes and fields)."""
     from fastgemma.server import run_server, settings_from_env
@@ -113,7 +120,7 @@ def serve(
             **settings, api_key=api_key, dtype=dtype, max_model_len=max_model_len, max_queue=max_queue,
             quantization=quantization, lm_head_screen=lm_head_screen, speculative=speculative,
             num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
-            prompt_lookup_max=prompt_lookup_max,
+            prompt_lookup_max=prompt_lookup_max, draft_model=draft_model, allow_remote_media=allow_remote_media,
         )
     except ValueError as e:
         _fail(str(e))
@@ -154,11 +161,13 @@ def bench_decode(
     ),
     lm_head_screen: bool = ScreenOpt,
     speculative: str = typer.Option(
-        "none", "--speculative", help="Comma-separated, each its own engine: none,ngram (greedy output unchanged)."
+        "none", "--speculative",
+        help="Comma-separated, each its own engine: none,ngram,mtp (mtp needs --draft-model; greedy output unchanged).",
     ),
     num_speculative_tokens: int = NumSpecOpt,
     prompt_lookup_min: int = LookupMinOpt,
     prompt_lookup_max: int = LookupMaxOpt,
+    draft_model: Optional[str] = DraftOpt,
     ppl_records: int = typer.Option(0, "--ppl-records", help="Also score this many PPL records per scheme (0: none)."),
     ppl_data: Optional[Path] = typer.Option(None, "--ppl-data", help="PPL records JSONL (default: the challenge's)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the JSON line."),
@@ -179,7 +188,7 @@ def bench_decode(
             quantization=tuple(q.strip() for q in quantization.split(",") if q.strip()), lm_head_screen=lm_head_screen,
             speculative=tuple(m.strip() for m in speculative.split(",") if m.strip()),
             num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
-            prompt_lookup_max=prompt_lookup_max, ppl_records=ppl_records, ppl_data=ppl_data,
+            prompt_lookup_max=prompt_lookup_max, draft_model=draft_model, ppl_records=ppl_records, ppl_data=ppl_data,
         )
         result = run_decode_bench(cfg, log=(lambda *_: None) if as_json else (lambda m: typer.echo(m, err=True)))
     except ValueError as e:

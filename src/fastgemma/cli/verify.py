@@ -25,7 +25,10 @@ def verify(
         help="Serve option: none | int8 | int4-g32 | int4-g128 at load; PPL is capped against the unquantised model.",
     ),
     speculative: Optional[str] = typer.Option(
-        None, "--speculative", help="Serve option: none | ngram; identity is checked against plain decoding."
+        None, "--speculative", help="Serve option: none | ngram | mtp; identity is checked against plain decoding."
+    ),
+    draft_model: Optional[str] = typer.Option(
+        None, "--draft-model", help="Serve option, with --speculative mtp: the Gemma 4 assistant folder or hub id."
     ),
     num_speculative_tokens: Optional[int] = typer.Option(
         None, "--num-speculative-tokens", "-k", help="Serve option: tokens drafted per step (default 4)."
@@ -62,7 +65,7 @@ def verify(
              "num_ppl_records": num_ppl_records, "output_len": output_len, "warmup": warmup}
     chosen = {k: (v if v is not None else sizes.get(k)) for k, v in given.items()}
     try:
-        serve_flags = (model, dtype, max_model_len, quantization, speculative, num_speculative_tokens)
+        serve_flags = (model, dtype, max_model_len, quantization, speculative, num_speculative_tokens, draft_model)
         if url is not None and any(v is not None for v in serve_flags):
             raise ValueError(
                 "--url uses a running endpoint; --model, --dtype, --max-model-len, --quantization and --speculative "
@@ -70,7 +73,7 @@ def verify(
             )
         serve = ServeOptions(model=model, dtype=dtype or "auto", max_model_len=max_model_len,
                              quantization=quantization or "none", speculative=speculative or "none",
-                             num_speculative_tokens=num_speculative_tokens or 4)
+                             num_speculative_tokens=num_speculative_tokens or 4, draft_model=draft_model)
         cfg = VerifyConfig(
             url=url, serve=serve, api_key=api_key, prompts=prompts, ppl_data=ppl_data,
             private_prompts=private_prompts, private_ppl_data=private_ppl_data, seed=seed,

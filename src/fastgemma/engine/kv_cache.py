@@ -92,6 +92,20 @@ class KVCache:
         S = min(position + 1, self.window)
         return S, (position + 1 - S) % self.ring
 
+    def context(self, layer_idx: int, position: int, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [Hkv, S, hd] of positions max(0, position - window)..position - 1 (window None:
+        from 0), oldest first: what an MTP assistant's query at `position` attends over
+        (models/assistant.py). On a ring the oldest of them must not have been overwritten yet:
+        a verification of K drafts from position - 1 writes up to position - 1 + K, so R >=
+        window + K keeps them (engine/mtp.py: window W + 1, hence K + 1 spare slots)."""
+        ck, cv = self.k[layer_idx], self.v[layer_idx]
+        first = 0 if window is None else max(0, position - window)
+        if not self.spec.layers[layer_idx].is_sliding:
+            return ck[:, first:position], cv[:, first:position]
+        assert position - first <= self.ring, (position, first, self.ring)
+        idx = torch.remainder(torch.arange(first, position, device=ck.device), self.ring)
+        return ck[:, idx], cv[:, idx]
+
     def metadata(self, start: int, num_tokens: int, decode_like: bool | None = None) -> AttentionMetadata:
         end = start + num_tokens
         if end > self.max_model_len:

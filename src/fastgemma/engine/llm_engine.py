@@ -8,6 +8,9 @@
         tokens = accept_greedy(draft, rows) or accept_sampled(...)   # engine/speculative.py
         self.postprocess(seq, tokens, rows)
 
+Drafters: n-gram lookup (engine/ngram.py) or the Gemma 4 MTP assistant (engine/mtp.py),
+which also reads `seq.target_hidden`: the target's hidden row behind the last emitted token.
+
 One sequence runs at a time (batch 1, the challenge's concurrency 1); the others wait.
 The engine stops a sequence on max_tokens, an end-of-sequence id (unless ignore_eos), a
 stop token id, or max_model_len. It knows no text: stop strings are the caller's
@@ -21,12 +24,14 @@ from collections import deque
 import torch
 
 from fastgemma.engine.model_runner import ModelRunner
+from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampler import sample
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence, Status
 from fastgemma.engine.speculative import SpecStats, accept_greedy, accept_sampled
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
+from fastgemma.models.towers import MultimodalInputs
 
 
 class LLMEngine:
@@ -35,7 +40,7 @@ class LLMEngine:
         runner: ModelRunner,
         eos_token_ids: tuple[int, ...],
         vocab_size: int,
-        proposer: NgramProposer | None = None,
+        proposer: NgramProposer | MtpProposer | None = None,
     ):
         self.runner, self.eos_token_ids, self.vocab_size = runner, set(eos_token_ids), vocab_size
         self.proposer = proposer
@@ -47,9 +52,12 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.runner.max_model_len
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Sequence:
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
+    ) -> Sequence:
+        """`multimodal`: tower inputs for the prompt's soft-token slots (used at prefill only)."""
         self.validate_prompt(prompt_token_ids)
-        seq = Sequence(list(prompt_token_ids), params)
+        seq = Sequence(list(prompt_token_ids), params, multimodal=multimodal)
         if not params.greedy:
             seq.generator = torch.Generator(device=self.runner.device)
             seq.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ())))
@@ -86,7 +94,9 @@ class LLMEngine:
         """Advance the running (or next waiting) sequence by one or more tokens; return it."""
         seq, is_prefill = self.schedule()
         if is_prefill:
-            logits = self.runner.prefill(seq.prompt_token_ids)
+            logits = self.runner.prefill(seq.prompt_token_ids, multimodal=seq.multimodal)
+            seq.multimodal = None  # the media are in the cache now
+            seq.target_hidden = self.runner.last_hidden[-1]
             self.postprocess(seq, [sample(logits, seq.params, seq.generator)], logits[None])
             return seq
         draft = self.propose(seq)
@@ -102,6 +112,7 @@ class LLMEngine:
                 tokens = accept_sampled(draft, rows, seq.params, seq.generator)
         if draft:
             self.spec_stats.record(len(draft), len(tokens) - 1)
+        seq.target_hidden = self.runner.last_hidden[len(tokens) - 1]
         self.postprocess(seq, tokens, rows)
         return seq
 
@@ -118,7 +129,7 @@ class LLMEngine:
         )
         if limit <= 0:
             return []
-        return self.proposer.propose(seq.prompt_token_ids + seq.output_token_ids, limit)
+        return self.proposer.propose(seq.prompt_token_ids + seq.output_token_ids, limit, seq.target_hidden)
 
     def postprocess(self, seq: Sequence, tokens: list[int], rows: torch.Tensor | None) -> None:
         """Append tokens (rows[i]: the logits token i was picked from) until one ends the sequence."""

@@ -3,7 +3,8 @@
 Owns the device-side state of the one running sequence (its `KVCache`) and turns token ids
 into logits. Knows nothing of sampling, stopping or text.
 
-- `prefill(ids)`: the prompt in chunks of `prefill_chunk` tokens; logits of the last one.
+- `prefill(ids, multimodal=None)`: the prompt in chunks of `prefill_chunk` tokens; logits
+  of the last one. Media (a multimodal Gemma 4) go through the towers once, first.
 - `decode(id, position)`: one token through every layer; its logits.
 - `decode_greedy(id, position)`: the same step when only its argmax is wanted (greedy, no
   logprobs): the model may pick it through the exact lm_head screen.
@@ -12,6 +13,8 @@ into logits. Knows nothing of sampling, stopping or text.
   logits, each bit for bit what `decode_greedy` / `decode` would give at that position after
   the rows before it (engine/kv_cache.py, models/gemma.py). Needs `num_speculative_tokens`
   spare ring slots, given at construction.
+- `last_hidden`: the final (normed) hidden rows behind the last prefill's, decode's or
+  verification's logits, for drafters that read the target's state (engine/mtp.py).
 - `prompt_logprobs(ids, top)`: every position's log-softmax (teacher forcing), computed in
   slices so that no [T, V] tensor larger than `logits_chunk` rows exists at once.
 """
@@ -24,6 +27,7 @@ import torch
 
 from fastgemma.engine.kv_cache import KVCache
 from fastgemma.models.gemma import GemmaForCausalLM
+from fastgemma.models.towers import MultimodalInputs, MultimodalTowers
 
 
 @dataclass
@@ -43,45 +47,66 @@ class ModelRunner:
         prefill_chunk: int = 512,
         logits_chunk: int = 128,
         num_speculative_tokens: int = 0,
+        towers: MultimodalTowers | None = None,
     ):
         self.model, self.max_model_len = model, max_model_len
+        self.towers = towers  # Gemma 4 vision / audio towers: run at prefill only
         self.device = model.embed_tokens.weight.device
         self.prefill_chunk, self.logits_chunk = prefill_chunk, logits_chunk
         self.cache = KVCache(model.spec, max_model_len, model.dtype, self.device, num_speculative_tokens)
+        self.last_hidden: torch.Tensor | None = None  # [T, D] normed hidden rows of the last prefill / decode / verify
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
-    def _forward(self, ids: list[int], start: int, keep: torch.Tensor | None, decode_like: bool = False) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: list[int],
+        start: int,
+        keep: torch.Tensor | None,
+        decode_like: bool = False,
+        soft: tuple[torch.Tensor, torch.Tensor] | None = None,  # this chunk's (soft_embeds [N, D], soft_mask [T])
+    ) -> torch.Tensor:
         meta = self.cache.metadata(start, len(ids), decode_like)
-        embeds, ple_ids = self.model.embed(self._ids(ids))
+        embeds, ple_ids = self.model.embed(self._ids(ids), *(soft or ()))
         return self.model(embeds, ple_ids, meta, self.cache, keep)
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], start: int = 0) -> torch.Tensor:
-        """Write ids (positions start..) into the cache; return the last position's logits [V]."""
-        hidden = None
+    def prefill(self, ids: list[int], start: int = 0, multimodal: MultimodalInputs | None = None) -> torch.Tensor:
+        """Write ids (positions start..) into the cache; return the last position's logits [V].
+        With `multimodal`, the towers run first and their soft tokens replace the
+        placeholders' embeddings (models/towers.py), chunk by chunk."""
+        hidden, soft_embeds, soft_mask = None, None, None
+        if multimodal is not None:
+            assert self.towers is not None, "multimodal inputs for a model without towers"
+            soft_embeds, soft_mask = self.towers.soft_embeddings(self._ids(ids), multimodal)  # [N, D], [T]
+            before = torch.cumsum(soft_mask, 0) - soft_mask.long()  # [T] soft rows before each position
         for s in range(0, len(ids), self.prefill_chunk):
             chunk = ids[s : s + self.prefill_chunk]
             last = torch.tensor([len(chunk) - 1], device=self.device)
-            hidden = self._forward(chunk, start + s, last)
+            soft = None
+            if soft_mask is not None and (mask := soft_mask[s : s + len(chunk)]).any():
+                first = int(before[s])
+                soft = (soft_embeds[first : first + int(mask.sum())], mask)
+            hidden = self._forward(chunk, start + s, last, soft=soft)
         assert hidden is not None, "prefill of an empty prompt"
+        self.last_hidden = hidden
         return self.model.compute_logits(hidden)[0]
 
     @torch.inference_mode()
     def decode(self, token_id: int, position: int) -> torch.Tensor:
-        hidden = self._forward([token_id], position, None)  # [1, D]
+        hidden = self.last_hidden = self._forward([token_id], position, None)  # [1, D]
         return self.model.compute_logits(hidden)[0]
 
     @torch.inference_mode()
     def decode_greedy(self, token_id: int, position: int) -> int:
-        hidden = self._forward([token_id], position, None)  # [1, D]
+        hidden = self.last_hidden = self._forward([token_id], position, None)  # [1, D]
         return self.model.greedy_tokens(hidden)[0]
 
     @torch.inference_mode()
     def verify(self, ids: list[int], position: int, greedy: bool) -> list[int] | torch.Tensor:
         """Greedy tokens [len(ids)] or logits [len(ids), V] after each of ids at position.."""
-        hidden = self._forward(ids, position, None, decode_like=True)  # [K + 1, D]
+        hidden = self.last_hidden = self._forward(ids, position, None, decode_like=True)  # [K + 1, D]
         return self.model.greedy_tokens(hidden) if greedy else self.model.compute_logits(hidden)
 
     @torch.inference_mode()

@@ -9,6 +9,7 @@ from enum import Enum
 import torch
 
 from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.models.towers import MultimodalInputs
 
 _ids = itertools.count()
 
@@ -30,6 +31,8 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_cached_tokens: int = 0  # tokens whose K/V are in the cache
     generator: torch.Generator | None = None
+    multimodal: MultimodalInputs | None = None  # tower inputs, until prefill has merged them
+    target_hidden: torch.Tensor | None = None  # [D] the final hidden state that predicted the last token (MTP input)
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("gemma3_text", "gemma3", "gemma4_text", "gemma4")
 SLIDING, FULL = "sliding_attention", "full_attention"
+EXTERNAL_KV = -1  # kv_source of a layer that reads another model's cache (the MTP assistant's layers)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class LayerSpec:
     head_dim: int
     num_kv_heads: int
     kv_shared: bool  # reads the K/V of `kv_source` instead of computing its own
-    kv_source: int  # the layer whose cache this layer attends over (itself if not shared)
+    kv_source: int  # the layer whose cache this layer attends over (itself if not shared; EXTERNAL_KV)
     intermediate_size: int
     k_eq_v: bool  # values are the (un-normed) key projection (attention_k_eq_v full layers)
 
@@ -85,6 +86,12 @@ class ArchSpec:
     def cache_layers(self) -> list[int]:
         """Layers that own a KV cache (everything not KV-shared)."""
         return [i for i, layer in enumerate(self.layers) if not layer.kv_shared]
+
+    @property
+    def kv_store_layers(self) -> dict[str, int]:
+        """Layer type -> the last layer of that type with a cache of its own (transformers'
+        "store" layers): the K/V a Gemma 4 assistant reads."""
+        return {layer.layer_type: i for i, layer in enumerate(self.layers) if not layer.kv_shared}
 
     @property
     def first_kv_shared_layer(self) -> int:
@@ -166,8 +173,10 @@ def arch_spec_from_config(config: Any, extra_eos_ids: list[int] | None = None) -
             num_kv = text.num_key_value_heads
         shared = kv_modes[i] == "reuse"
         if shared:
-            # The last non-shared layer of the same type (transformers' "store" layer).
-            source = max(j for j in range(first_shared) if layer_types[j] == layer_type)
+            # The last non-shared layer of the same type (transformers' "store" layer); none
+            # in a Gemma 4 assistant, whose layers all read its target's cache.
+            producers = [j for j in range(first_shared) if layer_types[j] == layer_type]
+            source = max(producers) if producers else EXTERNAL_KV
         else:
             source = i
         double = family == "gemma4" and _get(text, "use_double_wide_mlp", False) and shared
@@ -184,6 +193,8 @@ def arch_spec_from_config(config: Any, extra_eos_ids: list[int] | None = None) -
         )
     # A shared layer attends over its source's K/V, so the geometry must agree.
     for layer in layers:
+        if layer.kv_source == EXTERNAL_KV:
+            continue
         src = layers[layer.kv_source]
         if (layer.head_dim, layer.num_kv_heads) != (src.head_dim, src.num_kv_heads):
             raise ValueError("a KV-shared layer's head geometry differs from its source layer's")

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.multimodal.chat import ContentPartError
 from fastgemma.server import protocol as P
 from fastgemma.server.errors import APIError, error_response, from_validation_error
 from fastgemma.server.generation import Formatter, GenResult, Prepared, run_generation
@@ -52,13 +53,21 @@ class ServerState:
     formatter: Formatter
     preprocess: ThreadPoolExecutor
     created: int
+    allow_remote_media: bool = False  # fetch http(s) image URLs in chat content parts
 
 
-def build_app(llm: Any, served_model_name: str | None = None, api_key: str | None = None, max_queue: int = 64) -> FastAPI:
+def build_app(
+    llm: Any,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_queue: int = 64,
+    allow_remote_media: bool = False,
+) -> FastAPI:
     """An app serving `llm` under `served_model_name` (default `llm.model_name`).
 
     `api_key`: when set, /v1 routes need `Authorization: Bearer <api_key>`.
     `max_queue`: requests that may wait for the engine (besides the running one); more get 429.
+    `allow_remote_media`: fetch http(s) image URLs of chat content parts (off: a 400 says so).
     """
     name = served_model_name or llm.model_name
     metrics = Metrics(name)
@@ -71,6 +80,7 @@ def build_app(llm: Any, served_model_name: str | None = None, api_key: str | Non
         formatter=Formatter(llm.tokenizer),
         preprocess=ThreadPoolExecutor(1, thread_name_prefix="fastgemma-preprocess"),
         created=P.now(),
+        allow_remote_media=allow_remote_media,
     )
 
     @asynccontextmanager
@@ -465,22 +475,26 @@ async def _chat(state: ServerState, request: Request, body: dict[str, Any]) -> R
     req = P.ChatCompletionRequest.model_validate(body)
     _check_model(state, req.model)
     llm = state.llm
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.template_content()} for m in req.messages
+    ]
     top_n = req.top_logprobs or 0
     logprobs = top_n if req.logprobs else None
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
 
     def prepare() -> Prepared:
-        try:
-            ids = llm.chat_prompt_ids(messages)
+        try:  # media are decoded and preprocessed here, off the event loop and the engine's thread
+            ids, multimodal = llm.chat_inputs(messages, state.allow_remote_media)
+        except ContentPartError as e:
+            raise APIError(400, str(e), e.param) from None
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
         except Exception as e:  # a template that rejects this conversation (roles must alternate, ...)
             raise APIError(400, f"cannot apply the chat template: {e}", "messages") from None
         _validate_ids(state, ids, "messages")
         max_tokens = _context_check(state, len(ids), req.requested_max_tokens, "max_tokens")
-        return Prepared(ids, _sampling_params(state, req, max_tokens, logprobs), max_tokens)
+        return Prepared(ids, _sampling_params(state, req, max_tokens, logprobs), max_tokens, multimodal=multimodal)
 
     p = await _off_loop(state, prepare)
     fmt = state.formatter

@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.models.towers import MultimodalInputs
 from fastgemma.outputs import StreamDelta
 from fastgemma.server.metrics import Metrics
 from fastgemma.server.worker import Job
@@ -31,6 +32,7 @@ class Prepared:
     params: SamplingParams
     max_tokens: int  # 0: no generation (completions with echo)
     prompt_text: str = ""  # for echo
+    multimodal: MultimodalInputs | None = None  # tower inputs of a chat with images / audio
 
 
 @dataclass
@@ -58,7 +60,7 @@ def run_generation(job: Job, llm: Any, metrics: Metrics, p: Prepared, on_token: 
     want_lp = p.params.logprobs is not None
     last = None
     spec_before = llm.engine.spec_stats.snapshot()
-    gen = llm.stream_ids(p.ids, p.params)
+    gen = llm.stream_ids(p.ids, p.params, p.multimodal)
     seq = None
     try:
         for delta, seq in gen:

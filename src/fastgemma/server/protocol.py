@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -107,17 +107,63 @@ class TextPart(_Request):
     text: str
 
 
+class MediaURL(_Request):
+    url: str
+    detail: str | None = None  # OpenAI's image detail hint; Gemma 4's soft-token budget is the checkpoint's
+
+
+class ImageURLPart(_Request):
+    type: Literal["image_url"]
+    image_url: MediaURL
+
+
+class InputAudio(_Request):
+    data: str  # base64
+    format: Literal["wav", "mp3", "flac"]
+
+
+class InputAudioPart(_Request):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioURLPart(_Request):
+    type: Literal["audio_url"]
+    audio_url: MediaURL
+
+
+class VideoURLPart(_Request):
+    """Parsed so that the refusal names the part (video needs transformers' torchvision processor)."""
+
+    type: Literal["video_url"]
+    video_url: MediaURL
+
+
+ContentPart = Annotated[
+    TextPart | ImageURLPart | InputAudioPart | AudioURLPart | VideoURLPart, Field(discriminator="type")
+]
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
+        """The text parts joined by newlines (media parts left out)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def template_content(self) -> str | list[dict[str, Any]]:
+        """A string, or the parts as plain dicts (media are decoded by multimodal/chat.py)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return [part.model_dump(exclude_none=True) for part in self.content]
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -68,8 +68,11 @@ def run_server(
     num_speculative_tokens: int = 4,
     prompt_lookup_min: int = 2,
     prompt_lookup_max: int = 4,
+    draft_model: str | None = None,
+    allow_remote_media: bool = False,
 ) -> None:
     """Load the model and serve it until interrupted (blocking).
+    `allow_remote_media`: fetch http(s) image URLs in chat content parts (off by default).
 
     Raises ValueError for a bad model, dtype, max_model_len or max_queue (before binding).
     """
@@ -84,10 +87,13 @@ def run_server(
         lambda: LLM(
             model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization,
             lm_head_screen=lm_head_screen, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
-            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, draft_model=draft_model,
         )
     )
-    app = build_app(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue)
+    app = build_app(
+        llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
+        allow_remote_media=allow_remote_media,
+    )
     name = app.state.fastgemma.served_model_name
     spec = llm.config.speculative if llm.config.speculative == "none" else f"{llm.config.speculative} k={llm.config.num_speculative_tokens}"
     print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1", flush=True)
@@ -139,12 +145,16 @@ class ServerThread:
         host: str = DEFAULT_HOST,
         port: int = 0,
         log_level: str = "warning",
+        allow_remote_media: bool = False,
     ):
         import uvicorn
 
         from fastgemma.server.app import build_app
 
-        self.app = build_app(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue)
+        self.app = build_app(
+            llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
+            allow_remote_media=allow_remote_media,
+        )
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))

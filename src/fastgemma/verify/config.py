@@ -37,12 +37,15 @@ class ServeOptions:
     quantization: str = "none"  # served at load with `--quantization`; one of kernels.quant.SCHEMES
     speculative: str = "none"  # served with `--speculative`; one of config.SPECULATIVE_METHODS
     num_speculative_tokens: int = 4
+    draft_model: str | None = None  # --speculative mtp: the Gemma 4 assistant
 
     def __post_init__(self) -> None:
         if self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(f"invalid --speculative {self.speculative!r}; use one of: {', '.join(SPECULATIVE_METHODS)}")
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"--num-speculative-tokens must be in 1..{MAX_SPECULATIVE_TOKENS}")
+        if (self.speculative == "mtp") != (self.draft_model is not None):
+            raise ValueError("--speculative mtp and --draft-model go together: give both or neither")
         if self.dtype not in DTYPES:
             raise ValueError(f"invalid --dtype {self.dtype!r}; use one of: auto, bfloat16, float32")
         if self.quantization not in SCHEMES:
@@ -60,6 +63,8 @@ class ServeOptions:
             args += ["--quantization", self.quantization]
         if self.speculative != "none":
             args += ["--speculative", self.speculative, "--num-speculative-tokens", str(self.num_speculative_tokens)]
+        if self.draft_model is not None:
+            args += ["--draft-model", self.draft_model]
         return args
 
     def llm_kwargs(self) -> dict[str, Any]:

@@ -2,18 +2,27 @@
 
 `load(config)` is the one entry point: resolve the source, read its config, build the
 `ArchSpec`, read the tensors, build the decoder (quantising it when `config.quantization`
-asks and the checkpoint is not quantised already), and load the tokenizer.
+asks and the checkpoint is not quantised already), the vision / audio towers when the
+checkpoint is a multimodal Gemma 4 (always, no flag turns them off), and the tokenizer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fastgemma.config import EngineConfig
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec, arch_spec_from_config
+from fastgemma.models.towers import MultimodalTowers, load_towers
 from fastgemma.tokenizer import Tokenizer
-from fastgemma.weights.checkpoint import generation_eos_ids, gguf_meta_folder, iter_tensors, load_config
+from fastgemma.weights.checkpoint import (
+    generation_eos_ids,
+    gguf_meta_folder,
+    iter_tensors,
+    iter_tower_tensors,
+    load_config,
+)
 from fastgemma.weights.loader import load_model
 from fastgemma.weights.quantize import checkpoint_scheme
 from fastgemma.weights.source import ModelSource, resolve_model
@@ -27,6 +36,8 @@ class LoadedModel:
     tokenizer: Tokenizer
     max_model_len: int
     quantization: str  # the scheme the decoder runs with ("none" when unquantised)
+    hf_config: Any  # transformers' config of the checkpoint (placeholder ids, tower configs)
+    towers: MultimodalTowers | None = None  # Gemma 4 vision / audio towers, when the checkpoint has them
 
 
 def load(config: EngineConfig) -> LoadedModel:
@@ -46,8 +57,12 @@ def load(config: EngineConfig) -> LoadedModel:
         quantize_to=None if stored is not None else wanted,
     )
     del tensors
+    towers = None
+    if getattr(hf_config, "model_type", None) == "gemma4":  # Gemma 3's vision tower is not wired in
+        towers = load_towers(hf_config, dict(iter_tower_tensors(source)), config.torch_dtype(), config.torch_device())
     scheme = stored or wanted
     folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
     return LoadedModel(
-        source, spec, model, Tokenizer.from_folder(folder), max_model_len, scheme.name if scheme else "none"
+        source, spec, model, Tokenizer.from_folder(folder), max_model_len, scheme.name if scheme else "none",
+        hf_config, towers,
     )

@@ -4,7 +4,8 @@
   sharded `model.safetensors.index.json`. Prefixes of the multimodal / causal-LM wrappers
   (`model.language_model.`, `language_model.model.`, `model.`) are stripped, so every source
   yields `embed_tokens.weight`, `layers.N.self_attn.q_proj.weight`, ..., `lm_head.weight`.
-  Tensors of other towers (vision, audio) are skipped here.
+  Tensors of the vision / audio towers are skipped by `iter_tensors` and read by
+  `iter_tower_tensors`, named from the tower (`vision_tower.…`, `embed_audio.…`).
 - GGUF (architecture gemma3): tensors dequantised to fp32 with `gguf`, renamed from
   llama.cpp's names, and norm weights minus 1 (llama.cpp stores Gemma's (1 + w)). The config
   and tokenizer are converted by transformers once and cached beside the file's cache entry.
@@ -16,7 +17,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,16 @@ def text_name(name: str) -> str | None:
         if name.startswith(prefix):
             return name[len(prefix) :]
     return name
+
+
+def tower_name(name: str) -> str | None:
+    """Checkpoint name -> tower name (`model.vision_tower.x` -> `vision_tower.x`), or None."""
+    for tower in _OTHER_TOWERS:
+        if name.startswith(tower):
+            return name
+        if (i := name.find("." + tower)) >= 0:
+            return name[i + 1 :]
+    return None
 
 
 def gguf_meta_folder(path: Path) -> Path:
@@ -127,7 +138,15 @@ def iter_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
         yield from _iter_safetensors(source.path)
 
 
-def _iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tower_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
+    """(tower name, tensor) for every vision / audio tower tensor (none for a GGUF)."""
+    if source.kind != "gguf":
+        yield from _iter_safetensors(source.path, tower_name)
+
+
+def _iter_safetensors(
+    folder: Path, rename: Callable[[str], str | None] = text_name
+) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     index = folder / "model.safetensors.index.json"
@@ -142,7 +161,7 @@ def _iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(folder / file, framework="pt") as f:
             for name in f.keys():
-                if (mapped := text_name(name)) is not None:
+                if (mapped := rename(name)) is not None:
                     yield mapped, f.get_tensor(name)
 
 

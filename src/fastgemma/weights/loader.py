@@ -22,7 +22,7 @@ from fastgemma.weights.quantize import is_quantized_linear
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
-def _required(spec: ArchSpec) -> dict[str, list[str]]:
+def required_tensors(spec: ArchSpec) -> dict[str, list[str]]:
     """Our state-dict key -> the checkpoint names it is made of (concatenated along rows)."""
     req: dict[str, list[str]] = {"embed_tokens.weight": ["embed_tokens.weight"], "norm.scale": ["norm.weight"]}
     if not spec.tie_word_embeddings:
@@ -69,15 +69,12 @@ def load_model(
     `quantize_to`: quantise an unquantised checkpoint's body linears from the stored
     weights (before rounding to `dtype`, as `fastgemma quantize` does)."""
     assert stored is None or quantize_to is None
-    required = _required(spec)
+    required = required_tensors(spec)
     scheme = stored or quantize_to
     bases = [k.removesuffix(".weight") for k in required if scheme is not None and _is_quantized(required, k)]
     if stored is not None:
         required = _quantized_required(required)
-    missing = sorted({n for names in required.values() for n in names if n not in tensors})
-    if missing:
-        shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
-        raise ValueError(f"checkpoint is missing tensors the decoder needs: {shown}")
+    check_present(required, tensors, "the decoder")
     with torch.device("meta"):
         model = GemmaForCausalLM(spec, max_model_len)
     codes = {}
@@ -93,17 +90,43 @@ def load_model(
             del required[base + ".weight"]
         codes[base + ".qweight"], codes[base + ".scales"] = qweight, scales
         module.quantize_(scheme, (qweight, scales), dtype=dtype)
+    state = {key: value.to(device) for key, value in codes.items()}
+    state.update(fill_state(model, {k: v for k, v in required.items() if k not in codes}, tensors, spec, dtype, device))
+    unset = set(model.state_dict()) - set(state)
+    assert not unset, f"loader does not fill {sorted(unset)}"
+    model.load_state_dict(state, assign=True)
+    return model.to_device(device).eval()
+
+
+def check_present(required: dict[str, list[str]], tensors: dict[str, torch.Tensor], what: str) -> None:
+    """A ValueError naming the checkpoint tensors `required` lists that `tensors` lacks."""
+    missing = sorted({n for names in required.values() for n in names if n not in tensors})
+    if missing:
+        shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        raise ValueError(f"checkpoint is missing tensors {what} needs: {shown}")
+
+
+def fill_state(
+    model: torch.nn.Module,
+    required: dict[str, list[str]],
+    tensors: dict[str, torch.Tensor],
+    spec: ArchSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Our state-dict entries from checkpoint tensors: parts concatenated along rows, norm
+    scales as offset + w (w rounded to `dtype` first), `layer_scalar` as [1], each checked
+    against the shape the config implies."""
     expected = model.state_dict()
     state: dict[str, torch.Tensor] = {}
-    state.update({key: value.to(device) for key, value in codes.items()})
     for key, names in required.items():
-        if key in codes:
-            continue
         parts = [tensors[n] for n in names]
         if key.endswith(".scale"):
             value = parts[0].to(dtype).float() + spec.norm_offset
         elif key.endswith("layer_scalar"):
             value = parts[0].to(dtype).reshape(1)
+        elif not parts[0].is_floating_point():  # index buffers (the assistant's token ordering)
+            value = parts[0]
         else:
             value = (torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]).to(dtype)
         if value.shape != expected[key].shape:
@@ -111,10 +134,7 @@ def load_model(
                 f"tensor {names} has shape {tuple(value.shape)}, the config implies {tuple(expected[key].shape)}"
             )
         state[key] = value.to(device)
-    unset = set(expected) - set(state)
-    assert not unset, f"loader does not fill {sorted(unset)}"
-    model.load_state_dict(state, assign=True)
-    return model.to_device(device).eval()
+    return state
 
 
 def _is_quantized(required: dict[str, list[str]], key: str) -> bool:

@@ -9,7 +9,8 @@ matrix quantised at once: the loader concatenates codes and scales along rows.
 
 config.json carries `"quantization_config": {"quant_method": "fastgemma", "scheme": S}`;
 such a folder loads like any checkpoint and is "the submitted checkpoint": its plain path
-is the dequantised model.
+is the dequantised model. A multimodal Gemma 4's vision / audio tower tensors are copied
+unquantised (they run once per request, at prefill).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def write_quantized_folder(model: str | None, scheme_name: str, out: Path) -> Pa
     """Quantise a checkpoint's body linears from its stored weights and write a folder."""
     from safetensors.torch import save_file
 
-    from fastgemma.weights.checkpoint import gguf_meta_folder, iter_tensors
+    from fastgemma.weights.checkpoint import gguf_meta_folder, iter_tensors, iter_tower_tensors
     from fastgemma.weights.source import resolve_model
 
     scheme = QuantScheme.parse(scheme_name)
@@ -83,6 +84,8 @@ def write_quantized_folder(model: str | None, scheme_name: str, out: Path) -> Pa
             tensors[base + ".qweight"], tensors[base + ".scales"] = qweight, scales
         else:
             tensors[key] = tensor.contiguous()
+    for name, tensor in iter_tower_tensors(source):  # vision / audio towers: copied unquantised
+        tensors[f"model.{name}"] = tensor.contiguous()
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     for f in meta.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
