@@ -33,6 +33,17 @@ def test_unknown_model_type(tmp_path):
     _assert_usage_error(_run("generate", "--model", str(tmp_path), "hi"), "gemma3_text", "gemma4_text")
 
 
+def test_mtp_without_a_draft_model(tiny_e4b):
+    _assert_usage_error(_run("generate", "--model", str(tiny_e4b), "--speculative", "mtp", "hi"), "--draft-model")
+
+
+def test_draft_model_that_is_not_an_assistant(tiny_e4b):
+    _assert_usage_error(
+        _run("generate", "--model", str(tiny_e4b), "--speculative", "mtp", "--draft-model", str(tiny_e4b), "hi"),
+        "gemma4_assistant",
+    )
+
+
 def test_invalid_dtype(tiny_gemma3):
     _assert_usage_error(_run("generate", "--model", str(tiny_gemma3), "--dtype", "float8", "hi"), "dtype")
 

@@ -25,6 +25,17 @@ def test_quantization_flag_and_reference_kwargs():
     assert q.unquantized_llm_kwargs() == {**q.llm_kwargs(), "quantization": "none"}
 
 
+def test_speculative_flags_reach_the_server_but_not_the_reference():
+    mtp = ServeOptions(model="m", speculative="mtp", num_speculative_tokens=6, draft_model="assistant")
+    args = mtp.cli_args()
+    assert args[args.index("--speculative") + 1 :][:5] == ["mtp", "--num-speculative-tokens", "6", "--draft-model", "assistant"]
+    assert "speculative" not in mtp.llm_kwargs() and "draft_model" not in mtp.llm_kwargs()  # identity vs plain decoding
+    with pytest.raises(ValueError, match="--draft-model"):
+        ServeOptions(speculative="mtp")
+    with pytest.raises(ValueError, match="--draft-model"):
+        ServeOptions(draft_model="assistant")
+
+
 def test_unknown_quantization_names_the_choices():
     with pytest.raises(ValueError, match="invalid --quantization 'int3'.*int8, int4-g32"):
         ServeOptions(quantization="int3")
