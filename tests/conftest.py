@@ -32,6 +32,29 @@ def ppl_records() -> list[dict]:
 
 
 @pytest.fixture(scope="session")
+def small_prompts(tmp_path_factory) -> Path:
+    """The challenge prompts cut down (12 prompts of <= 300 chars): a tiny model serves them in seconds."""
+    items = json.loads(challenge_file("eval_prompts_sharegpt.json").read_text())[:12]
+    for item in items:
+        item["conversations"][0]["value"] = item["conversations"][0]["value"][:300]
+    path = tmp_path_factory.mktemp("data") / "prompts.json"
+    path.write_text(json.dumps(items))
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_ppl(tmp_path_factory) -> Path:
+    """The challenge PPL records cut down (4 records of 48 context + 24 target tokens)."""
+    lines = challenge_file("ppl_ground_truth_tokens.jsonl").read_text().splitlines()[:4]
+    records = [json.loads(line) for line in lines]
+    path = tmp_path_factory.mktemp("data") / "ppl.jsonl"
+    path.write_text("".join(
+        json.dumps({"id": r["id"], "context_token_ids": r["context_token_ids"][:48],
+                    "target_token_ids": r["target_token_ids"][:24]}) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_e4b(tmp_path_factory) -> Path:
     return tiny_models.save_tiny(tiny_models.gemma4_e4b_like_config(), tmp_path_factory.mktemp("e4b"), seed=1)
 

@@ -1,18 +1,29 @@
 """Engine configuration: what to load and how to run it, validated once.
 
-`EngineConfig` is built from user input (CLI flags, `LLM(...)` arguments); `resolve()` turns
-"auto" choices into concrete ones for this machine. Invalid values raise `ValueError`
-naming the accepted ones. Nothing mutates a config after construction.
+`EngineConfig` is built from user input (CLI flags, `LLM(...)` arguments); `torch_dtype()`
+and `torch_device()` turn "auto" choices into concrete ones for this machine. Invalid values
+raise `ValueError` naming the accepted ones. Nothing mutates a config after construction.
+
+Each field is declared with `option(...)`, whose metadata is the one description of the
+option that the rest of fastgemma reads:
+- `flag`: its `fastgemma serve` flag (verify/config.py builds server command lines from it);
+- `reference`: the in-process plain-path reference is loaded with the served value, because
+  the option changes the model's numbers (dtype, quantisation, kernels) or limits;
+- `tune`: how `fastgemma tune` searches it (`Tunable`: values or an integer range, the
+  devices where it has an effect, and the option value it depends on); tune/space.py builds
+  the search space from these and nothing else.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from fastgemma.kernels.quant import QuantScheme
+from fastgemma.kernels.quant import SCHEMES, QuantScheme
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
@@ -52,21 +63,65 @@ def cpu_has_fast_bf16() -> bool:
 
 
 @dataclass(frozen=True)
+class Tunable:
+    """How `fastgemma tune` searches one option: `choices` (categorical), or integers in
+    `low..high` (`high` may be a function of the machine, e.g. its physical cores)."""
+
+    choices: tuple[Any, ...] = ()
+    low: int | None = None
+    high: int | Callable[[], int] | None = None
+    devices: tuple[str, ...] = ("cpu", "cuda")  # device types where the option has an effect
+    when: tuple[str, tuple[Any, ...]] | None = None  # searched only while option `when[0]` is one of `when[1]`
+
+    def upper(self) -> int:
+        return self.high() if callable(self.high) else int(self.high)
+
+
+def option(default: Any, *, flag: str | None = None, reference: bool = False, tune: Tunable | None = None) -> Any:
+    """A config field with the metadata described in the module docstring."""
+    return field(default=default, metadata={"flag": flag, "reference": reference, "tune": tune})
+
+
+@dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # folder, .gguf file or hub id; None = the embedded default model
-    dtype: str = "auto"  # auto | bfloat16 | float32
-    max_model_len: int | None = None  # prompt + output tokens; None = min(model maximum, 32768)
-    device: str | None = None  # "cpu", "cuda", "cuda:1"; None = cuda when available
-    prefill_chunk: int = 512  # prompt tokens per prefill forward (bounds activation memory)
-    kernels: str = "auto"  # auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA; torch: stock only
-    threads: int | None = None  # CPU threads; None = the physical cores
-    quantization: str = "none"  # body linears: none | int8 | int4-g32 | int4-g128 (kernels/quant.py)
-    lm_head_screen: bool = True  # greedy tokens through the exact int8 lm_head screen where supported
-    speculative: str = "none"  # none | ngram (engine/ngram.py) | mtp (engine/mtp.py): drafts verified K at a time
-    num_speculative_tokens: int = 4  # K: tokens drafted per step
-    draft_model: str | None = None  # mtp: the Gemma 4 assistant checkpoint (folder or hub id)
-    prompt_lookup_min: int = 2  # ngram: shortest suffix matched
-    prompt_lookup_max: int = 4  # ngram: longest suffix matched (tried first)
+    # folder, .gguf file or hub id; None = the embedded default model (`fastgemma serve MODEL`)
+    model: str | None = option(None, reference=True)
+    # auto | bfloat16 | float32
+    dtype: str = option("auto", flag="--dtype", reference=True, tune=Tunable(choices=("bfloat16", "float32")))
+    # prompt + output tokens; None = min(model maximum, 32768)
+    max_model_len: int | None = option(None, flag="--max-model-len", reference=True)
+    # "cpu", "cuda", "cuda:1"; None = cuda when available
+    device: str | None = option(None)
+    # prompt tokens per prefill forward (bounds activation memory)
+    prefill_chunk: int = option(512, flag="--prefill-chunk", tune=Tunable(choices=(128, 256, 512, 1024, 2048)))
+    # auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA; torch: stock only. The kernels
+    # round differently in bf16, so they are part of the model's numbers.
+    kernels: str = option("auto", flag="--kernels", reference=True, tune=Tunable(choices=("auto", "torch"), devices=("cpu",)))
+    # CPU threads; None = the physical cores
+    threads: int | None = option(None, flag="--threads", tune=Tunable(low=1, high=physical_cores, devices=("cpu",)))
+    # body linears: none | int8 | int4-g32 | int4-g128 (kernels/quant.py); CPU kernels only so far
+    quantization: str = option("none", flag="--quantization", reference=True, tune=Tunable(choices=SCHEMES, devices=("cpu",)))
+    # greedy tokens through the exact int8 lm_head screen (native CPU kernels)
+    lm_head_screen: bool = option(
+        True, flag="--lm-head-screen", tune=Tunable(choices=(True, False), devices=("cpu",), when=("kernels", ("auto",)))
+    )
+    # none | ngram (engine/ngram.py) | mtp (engine/mtp.py): drafts verified K at a time; exact
+    # only with the native CPU kernels (llm.py says why)
+    speculative: str = option(
+        "none", flag="--speculative",
+        tune=Tunable(choices=SPECULATIVE_METHODS, devices=("cpu",), when=("kernels", ("auto",))),
+    )
+    # K: tokens drafted per step
+    num_speculative_tokens: int = option(
+        4, flag="--num-speculative-tokens",
+        tune=Tunable(low=1, high=MAX_SPECULATIVE_TOKENS, when=("speculative", ("ngram", "mtp"))),
+    )
+    # mtp: the Gemma 4 assistant checkpoint (folder or hub id); an input of the tuner, not a choice
+    draft_model: str | None = option(None, flag="--draft-model")
+    # ngram: shortest suffix matched
+    prompt_lookup_min: int = option(2, flag="--prompt-lookup-min", tune=Tunable(low=1, high=4, when=("speculative", ("ngram",))))
+    # ngram: longest suffix matched (tried first)
+    prompt_lookup_max: int = option(4, flag="--prompt-lookup-max", tune=Tunable(low=1, high=8, when=("speculative", ("ngram",))))
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -87,6 +142,10 @@ class EngineConfig:
             )
         if self.draft_model and self.speculative != "mtp":
             raise ValueError("a draft model is only used by --speculative mtp; add it or drop --draft-model")
+        if self.speculative != "none" and self.kernels == "torch":
+            raise ValueError(
+                "speculative decoding needs fastgemma's CPU kernels (kernels=auto): with kernels=torch use speculative=none"
+            )
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(
                 f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS} (got {self.num_speculative_tokens})"

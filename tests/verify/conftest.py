@@ -1,7 +1,6 @@
 """Fixtures for the verifier tests: small input files, a real `fastgemma serve`, a fake server.
 
-- `small_prompts` / `small_ppl`: the challenge files cut down (12 prompts of <= 300 chars;
-  4 records of 48 context + 24 target tokens), so a tiny model serves them in seconds;
+- `small_prompts` / `small_ppl` (tests/conftest.py): the challenge files cut down;
 - `served_tiny`: `fastgemma serve` on the tiny random Gemma 3 (real tokenizer) started by the
   verifier's own `ServeProcess`, once per session;
 - `fake_server(mode)`: a stdlib HTTP server that answers like an OpenAI endpoint but breaks
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from fastgemma.verify.endpoint import ServeProcess, free_port, serve_command
-from tests.conftest import challenge_file
 
 
 def pid_alive(pid: int) -> bool:
@@ -28,27 +26,6 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-@pytest.fixture(scope="session")
-def small_prompts(tmp_path_factory) -> Path:
-    items = json.loads(challenge_file("eval_prompts_sharegpt.json").read_text())[:12]
-    for item in items:
-        item["conversations"][0]["value"] = item["conversations"][0]["value"][:300]
-    path = tmp_path_factory.mktemp("data") / "prompts.json"
-    path.write_text(json.dumps(items))
-    return path
-
-
-@pytest.fixture(scope="session")
-def small_ppl(tmp_path_factory) -> Path:
-    lines = challenge_file("ppl_ground_truth_tokens.jsonl").read_text().splitlines()[:4]
-    records = [json.loads(line) for line in lines]
-    path = tmp_path_factory.mktemp("data") / "ppl.jsonl"
-    path.write_text("".join(
-        json.dumps({"id": r["id"], "context_token_ids": r["context_token_ids"][:48],
-                    "target_token_ids": r["target_token_ids"][:24]}) + "\n" for r in records))
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The `fastgemma` command line: generate, convert, serve, bench, verify.
+"""The `fastgemma` command line: generate, convert, serve, quantize, bench, verify, tune.
 
 Every command runs on the embedded default model when no model is given. A user mistake
 (bad path, unknown model type, invalid value) prints one line `error: ...` to stderr and
@@ -33,6 +33,13 @@ DraftOpt = typer.Option(None, "--draft-model", help="mtp: Gemma 4 assistant fold
 NumSpecOpt = typer.Option(4, "--num-speculative-tokens", "-k", help="Tokens drafted per step (1-15).")
 LookupMinOpt = typer.Option(2, "--prompt-lookup-min", help="ngram: shortest suffix matched.")
 LookupMaxOpt = typer.Option(4, "--prompt-lookup-max", help="ngram: longest suffix matched (tried first).")
+
+
+def _left_default(ctx: typer.Context, name: str) -> bool:
+    """The parameter `name` was not given on the command line (typer vendors click, so the
+    source is compared by name)."""
+    source = ctx.get_parameter_source(name)
+    return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _fail(message: str) -> None:
@@ -92,14 +99,21 @@ def convert(
 
 @app.command()
 def serve(
-    model: Optional[str] = typer.Argument(None, help="Model (default: $MODEL_ID, else the embedded model)."),
+    ctx: typer.Context,
+    model: Optional[str] = typer.Argument(None, help="Model (default: the preset's, else $MODEL_ID, else the embedded model)."),
     host: Optional[str] = typer.Option(None, "--host", help="Bind address (default: $HOST, else 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port (default: $PORT, else 8000)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Default: $SERVED_MODEL_NAME."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer token."),
+    preset: Optional[Path] = typer.Option(
+        None, "--preset", help="JSON engine options (from `fastgemma tune`); flags given here override it."
+    ),
     dtype: str = DtypeOpt,
     max_model_len: Optional[int] = MaxLenOpt,
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting at most; more get 429."),
+    prefill_chunk: int = typer.Option(512, "--prefill-chunk", help="Prompt tokens per prefill forward."),
+    kernels: str = typer.Option("auto", "--kernels", help="auto: fastgemma's CPU kernels where supported | torch: stock only."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the physical cores)."),
     quantization: str = QuantOpt,
     lm_head_screen: bool = ScreenOpt,
     speculative: str = SpecOpt,
@@ -112,16 +126,19 @@ def serve(
     ),
 ) -> None:
     """Serve an OpenAI-compatible API (vLLM's routes and fields)."""
+    from fastgemma.preset import load_preset, serve_option_names
     from fastgemma.server import run_server, settings_from_env
 
+    given = dict(locals())
     try:
+        engine = {name: given[name] for name in serve_option_names()}
+        if preset is not None:
+            chosen = load_preset(preset)
+            engine.update({name: value for name, value in chosen.options.items()
+                           if _left_default(ctx, name)})
+            model = model if model is not None else chosen.model
         settings = settings_from_env(model=model, served_model_name=served_model_name, host=host, port=port)
-        run_server(
-            **settings, api_key=api_key, dtype=dtype, max_model_len=max_model_len, max_queue=max_queue,
-            quantization=quantization, lm_head_screen=lm_head_screen, speculative=speculative,
-            num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
-            prompt_lookup_max=prompt_lookup_max, draft_model=draft_model, allow_remote_media=allow_remote_media,
-        )
+        run_server(**settings, api_key=api_key, max_queue=max_queue, allow_remote_media=allow_remote_media, **engine)
     except ValueError as e:
         _fail(str(e))
 
@@ -198,9 +215,11 @@ def bench_decode(
     typer.echo(json.dumps(result))
 
 
-from fastgemma.cli.verify import verify  # noqa: E402  (it imports _fail from here when run)
+from fastgemma.cli.tune import tune  # noqa: E402  (both import _fail from here when run)
+from fastgemma.cli.verify import verify  # noqa: E402
 
 app.command("verify")(verify)
+app.command("tune")(tune)
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
 """Run the server: `run_server(...)` (what `fastgemma serve` calls) and `ServerThread` (tests).
 
     run_server(model=None, host="127.0.0.1", port=8000, served_model_name=None,
-               api_key=None, dtype="auto", max_model_len=None, max_queue=64,
-               quantization="none", lm_head_screen=True)
+               api_key=None, max_queue=64, **engine_options)
+
+`engine_options` are `LLM(...)` / `EngineConfig` options (dtype, quantization, speculative, ...).
 
 `settings_from_env` fills unset options from the environment (`MODEL_ID`,
 `SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
@@ -58,23 +59,15 @@ def run_server(
     port: int = DEFAULT_PORT,
     served_model_name: str | None = None,
     api_key: str | None = None,
-    dtype: str = "auto",
-    max_model_len: int | None = None,
     max_queue: int = DEFAULT_MAX_QUEUE,
     log_level: str = "info",
-    quantization: str = "none",
-    lm_head_screen: bool = True,
-    speculative: str = "none",
-    num_speculative_tokens: int = 4,
-    prompt_lookup_min: int = 2,
-    prompt_lookup_max: int = 4,
-    draft_model: str | None = None,
     allow_remote_media: bool = False,
+    **engine_options: Any,
 ) -> None:
-    """Load the model and serve it until interrupted (blocking).
+    """Load the model with `LLM(model, **engine_options)` and serve it until interrupted (blocking).
     `allow_remote_media`: fetch http(s) image URLs in chat content parts (off by default).
 
-    Raises ValueError for a bad model, dtype, max_model_len or max_queue (before binding).
+    Raises ValueError for a bad model, engine option or max_queue (before binding).
     """
     import uvicorn
 
@@ -83,20 +76,16 @@ def run_server(
 
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
-    llm = load_on_passing_thread(
-        lambda: LLM(
-            model=model, dtype=dtype, max_model_len=max_model_len, quantization=quantization,
-            lm_head_screen=lm_head_screen, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
-            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, draft_model=draft_model,
-        )
-    )
+    llm = load_on_passing_thread(lambda: LLM(model=model, **engine_options))
     app = build_app(
         llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
         allow_remote_media=allow_remote_media,
     )
     name = app.state.fastgemma.served_model_name
-    spec = llm.config.speculative if llm.config.speculative == "none" else f"{llm.config.speculative} k={llm.config.num_speculative_tokens}"
-    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1", flush=True)
+    c = llm.config
+    spec = c.speculative if c.speculative == "none" else f"{c.speculative} k={c.num_speculative_tokens}"
+    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, dtype {llm.model.dtype}, "
+          f"quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 

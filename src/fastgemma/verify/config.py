@@ -2,24 +2,24 @@
 
 `ServeOptions` is the one place that knows how a model is served: `cli_args()` builds the
 `fastgemma serve` arguments, `llm_kwargs()` the in-process reference's `LLM(...)` arguments.
-A new serve option is a field here, its flag in `cli_args()`, and — when it changes the
-model's numerics rather than only its speed — its `LLM` argument in `llm_kwargs()`, so that
-the reference decodes the same checkpoint the server does. `--speculative` changes only the
-speed (greedy output is the plain path's by construction), so the reference never drafts:
-identity is checked against plain decoding. `--quantization` is the one
-option with two references: greedy identity against the quantised model's own plain path,
-PPL against the unquantised model (`unquantized_llm_kwargs()`), so that the cap bounds
-what quantising costs.
+Both are derived from `EngineConfig`'s field metadata (config.py): a field's `flag` is its
+serve flag, and a field marked `reference` is loaded with the served value by the reference,
+because it changes the model's numbers (dtype, quantisation, kernels) or limits. Every other
+option (speculation, the lm_head screen, threads, prefill chunk) changes only the speed, so
+the reference runs the plain path without it: greedy identity is checked against plain
+decoding of the same checkpoint. `--quantization` is the one option with two references:
+greedy identity against the quantised model's own plain path, PPL against the unquantised
+model (`unquantized_llm_kwargs()`), so that the cap bounds what quantising costs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fastgemma.config import MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
+from fastgemma.config import MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS, EngineConfig
 from fastgemma.kernels.quant import SCHEMES
 from fastgemma.verify.data import PPL_FILE, PROMPTS_FILE, default_data_dir
 
@@ -29,15 +29,29 @@ DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32")  # as `fastgemma serve 
 QUICK = {"num_prompts": 4, "num_private_prompts": 4, "output_len": 64, "warmup": 1, "num_ppl_records": 2}
 
 
+def serve_flag(name: str) -> str | None:
+    """The `fastgemma serve` flag of the `EngineConfig` option `name` (None: not a serve option)."""
+    return {f.name: f.metadata["flag"] for f in fields(EngineConfig)}.get(name)
+
+
 @dataclass(frozen=True)
 class ServeOptions:
+    """The model and the `EngineConfig` options that have a serve flag (a test keeps the two
+    field lists equal), with `EngineConfig`'s defaults; validated by `EngineConfig` itself."""
+
     model: str | None = None  # None: the embedded default model
     dtype: str = "auto"
     max_model_len: int | None = None
-    quantization: str = "none"  # served at load with `--quantization`; one of kernels.quant.SCHEMES
-    speculative: str = "none"  # served with `--speculative`; one of config.SPECULATIVE_METHODS
+    prefill_chunk: int = 512
+    kernels: str = "auto"
+    threads: int | None = None
+    quantization: str = "none"  # one of kernels.quant.SCHEMES
+    lm_head_screen: bool = True
+    speculative: str = "none"  # one of config.SPECULATIVE_METHODS
     num_speculative_tokens: int = 4
     draft_model: str | None = None  # --speculative mtp: the Gemma 4 assistant
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
         if self.speculative not in SPECULATIVE_METHODS:
@@ -52,25 +66,30 @@ class ServeOptions:
             raise ValueError(f"invalid --quantization {self.quantization!r}; use one of: {', '.join(SCHEMES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"--max-model-len must be >= 2 (got {self.max_model_len})")
+        EngineConfig(**asdict(self))  # every other rule, in the engine's own words
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from the defaults, model excluded (a preset's content)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "model" and getattr(self, f.name) != f.default}
 
     def cli_args(self) -> list[str]:
-        """Arguments after `fastgemma serve` (host and port are added by the endpoint)."""
+        """Arguments after `fastgemma serve` (host and port are added by the endpoint): the
+        model, then every option that differs from its default, by its flag."""
         args = [self.model] if self.model else []
-        args += ["--dtype", self.dtype]
-        if self.max_model_len is not None:
-            args += ["--max-model-len", str(self.max_model_len)]
-        if self.quantization != "none":
-            args += ["--quantization", self.quantization]
-        if self.speculative != "none":
-            args += ["--speculative", self.speculative, "--num-speculative-tokens", str(self.num_speculative_tokens)]
-        if self.draft_model is not None:
-            args += ["--draft-model", self.draft_model]
+        for name, value in self.changed().items():
+            flag = serve_flag(name)
+            assert flag is not None, f"ServeOptions.{name} has no serve flag in EngineConfig"
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + flag.removeprefix("--"))
+            else:
+                args += [flag, str(value)]
         return args
 
     def llm_kwargs(self) -> dict[str, Any]:
         """The served checkpoint: greedy identity is checked against its plain path."""
-        return {"model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len,
-                "quantization": self.quantization}
+        return {f.name: getattr(self, f.name) for f in fields(EngineConfig)
+                if f.metadata["reference"] and hasattr(self, f.name)}
 
     def unquantized_llm_kwargs(self) -> dict[str, Any]:
         """The model before `--quantization`: the PPL reference the cap is taken from."""

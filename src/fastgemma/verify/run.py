@@ -83,7 +83,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
         model = client.model_ids()[0]
         spec_start = client.spec_decode_counters()
         public = timed("tps", lambda: run_tps(client, model, inputs.public, cfg.output_len, cfg.warmup, "tps", p))
-        speculation = _acceptance(spec_start, client.spec_decode_counters())
+        speculation = acceptance_summary(spec_start, client.spec_decode_counters())
         captured = timed("audit", lambda: run_audit(client, model, inputs.audit, cfg.output_len, p))
         ppl = timed("ppl", lambda: run_ppl(client, model, inputs.records, "ppl", p))
         private = timed("tps-private", lambda: run_tps(client, model, inputs.private, cfg.output_len, cfg.warmup, "tps-private", p))
@@ -136,7 +136,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
     return summary
 
 
-def _acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
+def acceptance_summary(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
     """Drafting over the public TPS run (warm-up included) from the endpoint's /metrics
     counters; None when it exposes none or drafted nothing."""
     if before is None or after is None:

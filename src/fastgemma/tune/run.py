@@ -1,0 +1,120 @@
+"""One tuning run, start to finish: `run_tune(cfg) -> summary`.
+
+Order: load and check the inputs (the same files and seeded samples as `fastgemma verify`);
+build the search space for this device; open (or resume) the study; search under the budget,
+each trial measured in its own server (trial.py) with its log and `trial.json` in
+`<out>/trials/NNN-HASH/`; write the leaderboard; re-verify the winner with the full verifier
+(`run_verify`: fresh server, tuning prompts as the public run, held-out prompts as the private
+re-run, greedy identity and PPL cap) in `<out>/verify-winner/`; export the preset and the
+submission folder; write `<out>/tune.json`. The budget bounds the search only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastgemma.config import EngineConfig
+from fastgemma.tune import leaderboard
+from fastgemma.tune.config import TuneConfig
+from fastgemma.tune.export import export_preset, export_submission
+from fastgemma.tune.references import References
+from fastgemma.tune.space import SearchSpace, config_hash
+from fastgemma.tune.study import measured_trials, open_study, outcome_of, search, winner
+from fastgemma.tune.trial import Outcome, Sample, evaluate
+from fastgemma.verify import VerifyConfig, run_verify
+from fastgemma.verify.audit import audit_prompts
+from fastgemma.verify.config import ServeOptions
+from fastgemma.verify.data import load_ppl_records, load_prompts, public_and_held_out, take
+
+
+def _stderr(message: str) -> None:
+    print(f"tune: {message}", file=sys.stderr, flush=True)
+
+
+def load_sample(cfg: TuneConfig) -> Sample:
+    """The tuning sample, drawn as `fastgemma verify` draws its public sample (same seed)."""
+    prompts = load_prompts(cfg.prompts_path())
+    records = load_ppl_records(cfg.ppl_path())
+    n_holdout = cfg.num_holdout_prompts or cfg.num_prompts
+    if cfg.holdout_prompts is not None:
+        public = take(prompts, cfg.num_prompts, cfg.seed, f"the prompts file {cfg.prompts_path()}")
+        take(load_prompts(cfg.holdout_prompts), n_holdout, cfg.seed, f"the held-out prompts file {cfg.holdout_prompts}")
+    else:
+        public, _ = public_and_held_out(prompts, cfg.num_prompts, n_holdout, cfg.seed)
+    return Sample(public, audit_prompts(public, records, cfg.num_audit_prompts), records[:cfg.num_ppl_records],
+                  cfg.output_len, cfg.warmup)
+
+
+def run_tune(cfg: TuneConfig, space: SearchSpace | None = None, log: Any = _stderr) -> dict[str, Any]:
+    sample = load_sample(cfg)
+    if space is None:
+        space = SearchSpace.build(EngineConfig(model=cfg.model).torch_device().type, cfg.model, cfg.draft_model)
+    study = open_study(cfg.out, cfg.setup(), cfg.resume, cfg.seed)
+    log("search space: " + "; ".join(space.describe()))
+    refs = References(cfg.out / "references", sample.audit, sample.records, cfg.output_len, cfg.progress)
+
+    def measure(options: ServeOptions, number: int, best_tps: float | None) -> Outcome:
+        folder = cfg.out / "trials" / f"{number:03d}-{config_hash(options)}"
+        outcome = evaluate(options, sample, refs, folder, cfg.ready_timeout_s, prune_at_or_below=best_tps if cfg.prune else None)
+        (folder / "trial.json").parent.mkdir(parents=True, exist_ok=True)
+        (folder / "trial.json").write_text(json.dumps(
+            {"trial": number, "serve_args": options.cli_args(), "options": options.changed(), **outcome.to_dict()},
+            indent=1, default=str) + "\n")
+        return outcome
+
+    search(study, space, measure, cfg.budget_trials, cfg.budget_minutes, cfg.progress)
+    measured = measured_trials(study)
+    best = winner(study)
+    baseline = next((outcome_of(t) for t in measured if t.number == 0), None)
+    header = [f"# fastgemma tune: {len(measured)} configurations measured ({len(study.trials)} trials)", "",
+              f"Tuning sample: {cfg.num_prompts} prompts x {cfg.output_len} tokens (TPS), {cfg.num_audit_prompts} "
+              f"audit prompts (greedy identity), {cfg.num_ppl_records} PPL records; constraints: PPL <= cap, identical."]
+    paths = leaderboard.write(study, cfg.out, header)
+    summary: dict[str, Any] = {
+        "winner": None, "trials": len(study.trials), "measured": len(measured),
+        "feasible": sum(outcome_of(t).feasible for t in measured),
+        "baseline_tps": baseline.tps if baseline else None, "search_space": space.describe(),
+        "leaderboard": paths, "configuration": cfg.to_dict(),
+    }
+    if best is None:
+        log("no feasible configuration was found; see the leaderboard")
+        _write_summary(cfg.out, summary)
+        return summary
+
+    options, outcome = space.options(dict(best.params)), outcome_of(best)
+    summary["winner"] = {"trial": best.number, "hash": best.user_attrs["hash"], "options": options.changed(),
+                         "serve_args": options.cli_args(), **outcome.to_dict()}
+    log(f"winner: trial {best.number}, {outcome.tps:.2f} tok/s, PPL {outcome.ppl:.4f}: {' '.join(options.cli_args()) or '(defaults)'}")
+    measured_info: dict[str, Any] = {"tps": outcome.tps, "ppl": outcome.ppl, "trial": best.number,
+                                     "hash": best.user_attrs["hash"], "tuning": cfg.setup()}
+    if cfg.verify_winner:
+        log("re-verifying the winner on held-out prompts (fastgemma verify)")
+        verified = run_verify(VerifyConfig(
+            serve=options, prompts=cfg.prompts, private_prompts=cfg.holdout_prompts, ppl_data=cfg.ppl_data,
+            num_prompts=cfg.num_prompts, num_private_prompts=cfg.num_holdout_prompts or cfg.num_prompts,
+            num_ppl_records=cfg.num_ppl_records, output_len=cfg.output_len, warmup=cfg.warmup, seed=cfg.seed,
+            reference_ppl=refs.ppl(options), out=cfg.out / "verify-winner", ready_timeout_s=cfg.ready_timeout_s,
+            progress=cfg.progress,
+        ), log=lambda m: log(f"verify: {m}"))
+        summary["verification"] = {
+            "verdict": verified["verdict"], "reasons": verified["reasons"], "tps": verified["tps"],
+            "holdout_tps": verified["private_tps"], "holdout_vs_tuning": verified["private_tps"] / outcome.tps - 1.0,
+            "tps_change": verified["tps_change"], "ppl": verified["ppl"], "cap": verified["cap"],
+            "record": verified["outputs"]["record"],
+        }
+        measured_info["verification"] = summary["verification"]
+        log(f"winner {verified['verdict']}: held-out {verified['private_tps']:.2f} tok/s vs tuning {outcome.tps:.2f}"
+            + "".join(f"; {r}" for r in verified["reasons"]))
+    preset = export_preset(cfg.out / "preset.json", options, measured_info)
+    served_name = outcome.served_model_name or options.model or "model"
+    summary["preset"] = str(preset)
+    summary["submission"] = str(export_submission(cfg.out / "submission", preset, options, served_name))
+    _write_summary(cfg.out, summary)
+    return summary
+
+
+def _write_summary(out: Path, summary: dict[str, Any]) -> None:
+    (out / "tune.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
