@@ -92,8 +92,10 @@ class EngineConfig:
     max_model_len: int | None = option(None, flag="--max-model-len", reference=True)
     # "cpu", "cuda", "cuda:1"; None = cuda when available
     device: str | None = option(None)
-    # prompt tokens per prefill forward (bounds activation memory)
-    prefill_chunk: int = option(512, flag="--prefill-chunk", tune=Tunable(choices=(128, 256, 512, 1024, 2048)))
+    # prompt tokens per prefill forward (bounds activation memory). Not tuned: the chunk's shape
+    # changes how a bf16 prefill's matmuls round, so a prompt longer than the chunk can decode
+    # differently (`fastgemma tune` found one: 128 vs 512, a 332-token prompt, token 140).
+    prefill_chunk: int = option(512, flag="--prefill-chunk")
     # auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA; torch: stock only. The kernels
     # round differently in bf16, so they are part of the model's numbers.
     kernels: str = option("auto", flag="--kernels", reference=True, tune=Tunable(choices=("auto", "torch"), devices=("cpu",)))

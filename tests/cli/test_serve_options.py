@@ -67,3 +67,21 @@ def test_bad_preset_is_one_line(tmp_path, recorded):
     result = runner.invoke(app, ["serve", "--preset", str(preset)])
     assert result.exit_code == 2 and result.output.strip().startswith("error: preset") and "warp_speed" in result.output
     assert not recorded
+
+
+def test_verify_takes_a_preset_and_flags_win(tmp_path, monkeypatch):
+    configs: list = []
+    monkeypatch.setattr("fastgemma.verify.run_verify", lambda cfg: configs.append(cfg) or {})
+    monkeypatch.setattr("fastgemma.verify.report.render_table", lambda summary: None)
+    preset = tmp_path / "p.json"
+    preset.write_text(json.dumps({"fastgemma_preset": 1, "model": "tuned/model", "options": {
+        "quantization": "int8", "speculative": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 6}}))
+    result = runner.invoke(app, ["verify", "--preset", str(preset), "-k", "5", "--out", str(tmp_path / "v")])
+    assert result.exit_code == 0, result.output
+    serve = configs[0].serve
+    assert (serve.model, serve.quantization, serve.speculative) == ("tuned/model", "int8", "ngram")
+    assert serve.num_speculative_tokens == 5 and serve.prompt_lookup_max == 6
+    assert "--prompt-lookup-max" in serve.cli_args()
+
+    result = runner.invoke(app, ["verify", "--preset", str(preset), "--url", "http://127.0.0.1:1"])
+    assert result.exit_code == 2 and "give one or the other" in result.output

@@ -22,7 +22,7 @@ def test_space_is_every_tunable_option_for_the_device():
     cpu = SearchSpace.build("cpu")
     assert [d.name for d in cpu.dimensions] == tunable  # no second list: the metadata is the space
     cuda = SearchSpace.build("cuda")
-    assert {d.name for d in cuda.dimensions} == {"dtype", "prefill_chunk", "num_speculative_tokens",
+    assert {d.name for d in cuda.dimensions} == {"dtype", "num_speculative_tokens",
                                                 "prompt_lookup_min", "prompt_lookup_max"}
     threads = next(d for d in cpu.dimensions if d.name == "threads")
     assert (threads.tunable.low, threads.tunable.upper()) == (1, physical_cores())
@@ -39,7 +39,7 @@ def test_mtp_only_with_a_draft_model():
 
 def test_conditional_options_are_asked_only_when_they_apply():
     space = SearchSpace.build("cpu")
-    base = {"dtype": "bfloat16", "prefill_chunk": 512, "threads": 1, "quantization": "int8"}
+    base = {"dtype": "bfloat16", "threads": 1, "quantization": "int8"}
     torch_kernels = space.suggest(_fixed({**base, "kernels": "torch"}))  # screen and speculation need kernels=auto
     assert (torch_kernels.kernels, torch_kernels.speculative, torch_kernels.lm_head_screen) == ("torch", "none", True)
     plain = space.suggest(_fixed({**base, "kernels": "auto", "lm_head_screen": False, "speculative": "none"}))
@@ -52,7 +52,7 @@ def test_conditional_options_are_asked_only_when_they_apply():
 
 def test_a_combination_the_engine_refuses_is_invalid():
     space = SearchSpace.build("cpu")
-    params = {"dtype": "bfloat16", "prefill_chunk": 512, "threads": 1, "quantization": "none", "kernels": "auto",
+    params = {"dtype": "bfloat16", "threads": 1, "quantization": "none", "kernels": "auto",
               "lm_head_screen": True, "speculative": "ngram", "num_speculative_tokens": 4,
               "prompt_lookup_min": 4, "prompt_lookup_max": 2}
     with pytest.raises(ValueError, match="prompt_lookup_min <= prompt_lookup_max"):

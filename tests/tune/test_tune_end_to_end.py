@@ -56,7 +56,7 @@ def test_short_budget_end_to_end(tuned):
     assert v["verdict"] in ("VERIFIED", "INVALID") and isinstance(v["reasons"], list)
     record = Path(v["record"]).read_text()
     assert "greedy identity" in record  # the full verifier ran on the winner
-    checks = {c["name"]: c["status"] for c in json.loads((out / "verify-winner" / "summary.json").read_text())["checks"]}
+    checks = {c["name"]: c["status"] for c in json.loads((out / f"verify-trial-{w['trial']:03d}" / "summary.json").read_text())["checks"]}
     assert checks["greedy identity"] == "pass" and checks["ppl cap"] == "pass"
     assert json.loads((out / "tune.json").read_text())["winner"]["hash"] == w["hash"]
 
@@ -109,7 +109,8 @@ def _challenge_requests(url: str, name: str) -> None:
 
 
 def test_exported_preset_and_submission_serve(tuned, tiny_text_model, tmp_path):
-    out, summary = tuned
+    out, _ = tuned
+    summary = json.loads((out / "tune.json").read_text())  # the latest run's (the resumed one, if it ran)
     preset = load_preset(out / "preset.json")
     assert preset.model == str(tiny_text_model) and preset.options == summary["winner"]["options"]
 

@@ -38,7 +38,7 @@ def tune(
 ) -> None:
     """Search dtype, quantisation, lm_head screen, speculative method and K, kernels, threads and prefill chunk for the highest TPS under the constraints PPL <= cap and greedy identity.
 
-    Each trial starts a fresh `fastgemma serve` with one configuration and measures it with the verifier's stages on the tuning sample: TPS (non-streaming chat, concurrency 1, output tokens / wall clock), greedy ids via /v1/completions against the checkpoint's plain path, PPL via prompt_logprobs against 1.05 x the unquantised plain path. Optuna's TPE sampler, study in OUT/study.db (--resume continues it). Outputs: leaderboard.md/.json, tps_over_trials.png, the winner re-verified on held-out prompts (verify-winner/), preset.json for `fastgemma serve --preset`, and submission/ (manifest.json + serve.py).
+    Each trial starts a fresh `fastgemma serve` with one configuration and measures it with the verifier's stages on the tuning sample: TPS (non-streaming chat, concurrency 1, output tokens / wall clock), greedy ids via /v1/completions against the checkpoint's plain path, PPL via prompt_logprobs against 1.05 x the unquantised plain path. Optuna's TPE sampler, study in OUT/study.db (--resume continues it). Outputs: leaderboard.md/.json, tps_over_trials.png, the winner re-verified on held-out prompts (verify-trial-NNN/; one that fails identity or PPL there gives way to the next best), preset.json for `fastgemma serve --preset`, and submission/ (manifest.json + serve.py).
     """
     from fastgemma.cli.main import _fail
     from fastgemma.tune import TuneConfig, run_tune

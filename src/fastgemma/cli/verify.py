@@ -33,6 +33,9 @@ def verify(
     num_speculative_tokens: Optional[int] = typer.Option(
         None, "--num-speculative-tokens", "-k", help="Serve option: tokens drafted per step (default 4)."
     ),
+    preset: Optional[Path] = typer.Option(
+        None, "--preset", help="Serve options from a preset (`fastgemma tune`); the serve flags here override it."
+    ),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="sharegpt JSON (default: the challenge prompts)."),
     ppl_data: Optional[Path] = typer.Option(None, "--ppl-data", help="PPL records JSONL (default: the challenge records)."),
     private_prompts: Optional[Path] = typer.Option(None, "--private-prompts", help="Private sharegpt JSON (default: a held-out split)."),
@@ -57,6 +60,7 @@ def verify(
     Stages: tps (sglang bench_serving v0.5.2 methodology, non-streaming chat, concurrency 1), audit capture (greedy ids via /v1/completions), ppl (prompt_logprobs, token-weighted), the private re-run (tps, and ppl with --private-ppl-data), then references in-process when the model is known, greedy identity and the verdict: VERIFIED, INVALID or PENDING with reasons.
     """
     from fastgemma.cli.main import _fail
+    from fastgemma.preset import load_preset
     from fastgemma.verify import QUICK, ServeOptions, VerifyConfig, run_verify
     from fastgemma.verify.report import render_table
 
@@ -65,15 +69,16 @@ def verify(
              "num_ppl_records": num_ppl_records, "output_len": output_len, "warmup": warmup}
     chosen = {k: (v if v is not None else sizes.get(k)) for k, v in given.items()}
     try:
-        serve_flags = (model, dtype, max_model_len, quantization, speculative, num_speculative_tokens, draft_model)
-        if url is not None and any(v is not None for v in serve_flags):
+        flags = {"model": model, "dtype": dtype, "max_model_len": max_model_len, "quantization": quantization,
+                 "speculative": speculative, "num_speculative_tokens": num_speculative_tokens, "draft_model": draft_model}
+        if url is not None and (preset is not None or any(v is not None for v in flags.values())):
             raise ValueError(
-                "--url uses a running endpoint; --model, --dtype, --max-model-len, --quantization and --speculative "
-                "start one: give one or the other"
+                "--url uses a running endpoint; --model, --preset, --dtype, --max-model-len, --quantization and "
+                "--speculative start one: give one or the other"
             )
-        serve = ServeOptions(model=model, dtype=dtype or "auto", max_model_len=max_model_len,
-                             quantization=quantization or "none", speculative=speculative or "none",
-                             num_speculative_tokens=num_speculative_tokens or 4, draft_model=draft_model)
+        loaded = load_preset(preset) if preset is not None else None
+        base = {"model": loaded.model, **loaded.options} if loaded is not None else {}
+        serve = ServeOptions(**{**base, **{k: v for k, v in flags.items() if v is not None}})
         cfg = VerifyConfig(
             url=url, serve=serve, api_key=api_key, prompts=prompts, ppl_data=ppl_data,
             private_prompts=private_prompts, private_ppl_data=private_ppl_data, seed=seed,

@@ -1,7 +1,7 @@
 """Every trial of a study as rows: `leaderboard.json`, `leaderboard.md` and `tps_over_trials.png`.
 
 Rows are sorted feasible first, then by TPS. A row is a measured trial (its outcome; a
-pruned one has its TPS only), a
+pruned one has its TPS only; one the winner's re-verification disqualified says so), a
 repeat (answered from an earlier trial), or an invalid configuration (refused by the engine
 before any server started); its configuration is given as the options that differ from the
 engine's defaults, with the hash that names it.
@@ -16,7 +16,9 @@ from typing import Any
 from fastgemma.tune.study import outcome_of
 
 
-def rows(study: Any) -> list[dict[str, Any]]:
+def rows(study: Any, rejected: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """`rejected`: hash -> reasons, for configurations the winner's re-verification disqualified."""
+    rejected = rejected or {}
     out = []
     for t in study.trials:
         attrs = t.user_attrs
@@ -31,6 +33,8 @@ def rows(study: Any) -> list[dict[str, Any]]:
             if "repeat_of" in attrs:
                 row.update(status=f"repeat of #{attrs['repeat_of']}")
             row["detail"] = o.error or _divergence(o)
+            if row["hash"] in rejected:
+                row.update(status="rejected by re-verification", feasible=False, detail="; ".join(rejected[row["hash"]]))
         out.append(row)
     return sorted(out, key=lambda r: (not r["feasible"], "repeat" in r["status"], -(r.get("tps") or 0.0)))
 
@@ -74,6 +78,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> Path:
     for status, style in (("ok", dict(color="tab:blue", marker="o")), ("identity broken", dict(color="tab:red", marker="x")),
                           ("ppl over cap", dict(color="tab:orange", marker="x")),
                           ("pruned (slower than the best)", dict(color="tab:cyan", marker=".")),
+                          ("rejected by re-verification", dict(color="tab:purple", marker="x")),
                           ("failed", dict(color="grey", marker="s"))):
         pts = [(r["trial"], r.get("tps") or 0.0) for r in measured if r["status"] == status]
         if pts:
@@ -97,8 +102,8 @@ def plot(table: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def write(study: Any, out: Path, header: list[str]) -> dict[str, str]:
-    table = rows(study)
+def write(study: Any, out: Path, header: list[str], rejected: dict[str, list[str]] | None = None) -> dict[str, str]:
+    table = rows(study, rejected)
     paths = {"json": out / "leaderboard.json", "markdown": out / "leaderboard.md", "plot": out / "tps_over_trials.png"}
     paths["json"].write_text(json.dumps(table, indent=1, default=str) + "\n")
     paths["markdown"].write_text(markdown(table, header))

@@ -85,10 +85,15 @@ def outcome_of(trial: Any) -> Outcome | None:
     return Outcome.from_dict(d) if d is not None else None
 
 
+def ranked(study: Any) -> list[Any]:
+    """Measured trials whose outcome is feasible, fastest first."""
+    feasible = [t for t in measured_trials(study) if outcome_of(t).feasible]
+    return sorted(feasible, key=lambda t: -outcome_of(t).tps)
+
+
 def winner(study: Any) -> Any | None:
     """The fastest measured trial whose outcome is feasible; None when there is none."""
-    feasible = [t for t in measured_trials(study) if outcome_of(t).feasible]
-    return max(feasible, key=lambda t: outcome_of(t).tps, default=None)
+    return next(iter(ranked(study)), None)
 
 
 def _queue_neighbour(study: Any, space: SearchSpace, params: dict[str, Any], seen: set[str],

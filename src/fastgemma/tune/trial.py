@@ -11,8 +11,10 @@ checkpoint's plain path.
 
 Pruning: when the TPS is no higher than `prune_at_or_below` (the best feasible TPS so far),
 the configuration cannot win, so it is not judged (no audit, PPL or reference): its outcome
-is `pruned`, never feasible. A server that fails to start or a stage that fails gives an
-`Outcome` with `error` set: never feasible.
+is `pruned`, never feasible. The TPS run itself stops as soon as its TPS is certain to end
+below that (tps.py `TooSlow`); the outcome's TPS is then the rate up to that point. A
+server that fails to start or a stage that fails gives an `Outcome` with `error` set: never
+feasible.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from fastgemma.verify.data import PplRecord, Prompt
 from fastgemma.verify.identity import compare
 from fastgemma.verify.ppl import run_ppl
 from fastgemma.verify.run import acceptance_summary, open_endpoint
-from fastgemma.verify.tps import run_tps
+from fastgemma.verify.tps import TooSlow, run_tps
 from fastgemma.verify.verdict import PPL_CAP_FACTOR
 from fastgemma.tune.references import References
 
@@ -99,7 +101,11 @@ def evaluate(options: ServeOptions, sample: Sample, refs: References, folder: Pa
         with open_endpoint(cfg, log) as url, Client(url) as client:
             model = client.model_ids()[0]
             before = client.spec_decode_counters()
-            tps = run_tps(client, model, sample.prompts, sample.output_len, sample.warmup, "tune", progress=False)
+            try:
+                tps = run_tps(client, model, sample.prompts, sample.output_len, sample.warmup, "tune", progress=False,
+                              stop_below_tps=prune_at_or_below)
+            except TooSlow as slow:
+                return Outcome(tps=slow.rate, pruned=True, served_model_name=model, seconds=time.perf_counter() - start)
             acceptance = acceptance_summary(before, client.spec_decode_counters())
             if tps.off_length:
                 raise ValueError(f"{len(tps.off_length)} requests did not return {sample.output_len} tokens")

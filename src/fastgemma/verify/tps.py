@@ -13,6 +13,10 @@ bench_serving's non-streaming TTFT is the whole latency; here TTFT is measured i
 extra `max_tokens = 1` request per prompt after the timed run (prefill + one token + HTTP),
 outside the timed window. (bench_serving's total throughput counts prompt tokens of the raw
 text; ours counts the chat-formatted prompt the server reports, so total_tps is a bit higher.)
+
+`stop_below_tps` (the tuner's pruning): once the timed run has taken longer than its output
+tokens at that rate would take, its TPS is certain to be lower, so it stops after the request
+in flight and raises `TooSlow` (with the rate so far). `fastgemma verify` never sets it.
 """
 
 from __future__ import annotations
@@ -92,8 +96,16 @@ class TpsResult:
         }
 
 
+class TooSlow(Exception):
+    """The timed run cannot reach `stop_below_tps`; `rate` = tokens so far / time so far."""
+
+    def __init__(self, rate: float, threshold: float):
+        super().__init__(f"{rate:.2f} tok/s so far, certain to end below {threshold:.2f}")
+        self.rate, self.threshold = rate, threshold
+
+
 def run_tps(client: Client, model: str, prompts: list[Prompt], output_len: int, warmup: int,
-            stage: str = "tps", progress: bool = True) -> TpsResult:
+            stage: str = "tps", progress: bool = True, stop_below_tps: float | None = None) -> TpsResult:
     bar = tqdm(total=warmup + 2 * len(prompts), desc=f"{stage}: warm-up, timed run, ttft", unit="req",
                disable=not progress, leave=False)
     with bar:
@@ -105,6 +117,9 @@ def run_tps(client: Client, model: str, prompts: list[Prompt], output_len: int, 
         for prompt in prompts:
             replies.append(client.chat(stage, model, prompt.text, output_len))
             bar.update()
+            elapsed = time.perf_counter() - start
+            if stop_below_tps is not None and elapsed * stop_below_tps > len(prompts) * output_len:
+                raise TooSlow(sum(r.completion_tokens for r in replies) / elapsed, stop_below_tps)
         duration = time.perf_counter() - start
         ttfts = []
         for prompt in prompts:
