@@ -129,9 +129,8 @@ def serve(
     from fastgemma.preset import load_preset, serve_option_names
     from fastgemma.server import run_server, settings_from_env
 
-    given = dict(locals())
     try:
-        engine = {name: given[name] for name in serve_option_names()}
+        engine = {name: ctx.params[name] for name in serve_option_names()}
         if preset is not None:
             chosen = load_preset(preset)
             engine.update({name: value for name, value in chosen.options.items()

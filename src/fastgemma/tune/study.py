@@ -14,7 +14,9 @@ refuses is pruned without a server; one whose TPS does not beat the best feasibl
 pruned after its TPS run (trial.py: it cannot win, so it is not judged); one already measured is answered from the study (no
 second server) and, since TPE on a small discrete space keeps proposing its best, the next
 trial is queued one option away from it, unmeasured (`SearchSpace.neighbours`: a
-mutation step, as in an evolutionary search); neither counts against `budget_trials`. A violating configuration is never
+mutation step, as in an evolutionary search); neither counts against `budget_trials`. A new
+best feasible configuration also queues one neighbour of itself (exploitation, beside TPE's
+model). A violating configuration is never
 the winner: `winner()` takes the fastest trial whose outcome is feasible.
 """
 
@@ -109,7 +111,10 @@ def _queue_neighbour(study: Any, space: SearchSpace, params: dict[str, Any], see
 
 
 def _set_constraints(trial: Any, outcome: Outcome) -> None:
-    ppl, identity = outcome.constraints()
+    """A pruned trial is modelled by its TPS as if feasible: it was not judged, and its speed
+    is what tells TPE where the fast configurations are (it never wins: `winner` takes judged
+    trials only)."""
+    ppl, identity = (0.0, 0.0) if outcome.pruned else outcome.constraints()
     trial.set_constraint("ppl_over_cap", ppl)
     trial.set_constraint("identity_broken", identity)
 
@@ -131,7 +136,7 @@ def search(study: Any, space: SearchSpace, evaluate: Evaluate, budget_trials: in
             _set_constraints(trial, Outcome(error="invalid"))
             trial.set_user_attr("invalid", " ".join(str(e).split()))
             raise optuna.TrialPruned(str(e)) from None
-        h = config_hash(options)
+        h, best = config_hash(options), winner(study)
         trial.set_user_attr("hash", h)
         trial.set_user_attr("options", options.changed())
         if h in seen:
@@ -139,14 +144,12 @@ def search(study: Any, space: SearchSpace, evaluate: Evaluate, budget_trials: in
             outcome = outcome_of(seen[h])
             _queue_neighbour(study, space, trial.params, set(seen), rng)
         else:
-            best = winner(study)
             outcome = evaluate(options, trial.number, outcome_of(best).tps if best else None)
             trial.set_user_attr("measured", True)
         trial.set_user_attr("outcome", outcome.to_dict())
         _set_constraints(trial, outcome)
-        if outcome.pruned:
-            trial.report(outcome.tps, step=0)
-            raise optuna.TrialPruned("slower than the best feasible configuration")
+        if outcome.feasible and (best is None or outcome.tps > outcome_of(best).tps):
+            _queue_neighbour(study, space, trial.params, set(seen) | {h}, rng)  # exploit a new best
         return outcome.tps or 0.0
 
     bar = tqdm(total=budget_trials, initial=start_count, desc="tune", unit="trial", disable=not progress)
