@@ -44,7 +44,7 @@ def test_short_budget_end_to_end(tuned):
     assert w["feasible"] and w["identical"] and w["ppl"] <= w["cap"] and w["tps"] > 0
     assert summary["baseline_tps"] > 0  # trial 0: the engine's defaults
     board = json.loads((out / "leaderboard.json").read_text())
-    measured = [r for r in board if r["status"] in ("ok", "ppl over cap", "identity broken", "failed")]
+    measured = [r for r in board if r["status"] != "invalid" and "repeat" not in r["status"]]
     assert len(measured) == 2 and board[0]["hash"] == w["hash"]
     assert all({"tps", "ppl", "identical", "acceptance", "options", "hash"} <= set(r) for r in measured)
     assert w["hash"] in (out / "leaderboard.md").read_text()
