@@ -86,11 +86,14 @@ def test_stopped_when_the_block_raises(tmp_path):
     assert not pid_alive(pid)
 
 
-# The verifier's side in a separate process: start the child, print its pid, wait.
+# The verifier's side in a separate process: start the child, print its pid, wait. It restores
+# Python's Ctrl-C handler, as a verifier started from a shell has it: a process started with
+# SIGINT ignored (inherited from the test runner) would not see the SIGINT case at all.
 HOLDER = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     from pathlib import Path
     from fastgemma.verify.endpoint import ServeProcess
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     port = int(sys.argv[1])
     command = [sys.executable, "-c", sys.argv[2], str(port), "200"]
     with ServeProcess(command, port, Path(sys.argv[3])) as proc:
