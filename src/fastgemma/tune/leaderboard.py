@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fastgemma.tune.study import outcome_of
+from fastgemma.verify.plots import pyplot
 
 
 def rows(study: Any, rejected: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
@@ -68,11 +69,7 @@ def markdown(table: list[dict[str, Any]], header: list[str]) -> str:
 
 def plot(table: list[dict[str, Any]], path: Path) -> Path:
     """TPS of each measured trial in trial order, feasible or not, and the best feasible so far."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     measured = sorted((r for r in table if "repeat" not in r["status"] and r["status"] != "invalid"), key=lambda r: r["trial"])
     fig, ax = plt.subplots(figsize=(8, 4))
     for status, style in (("ok", dict(color="tab:blue", marker="o")), ("identity broken", dict(color="tab:red", marker="x")),

@@ -13,7 +13,7 @@ from fastgemma.verify.ppl import PplResult
 from fastgemma.verify.tps import TpsResult
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,7 +23,7 @@ def _pyplot():
 
 
 def plot_tps(runs: list[TpsResult], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     start = 0
     for run, color in zip(runs, ("tab:blue", "tab:orange")):
@@ -43,7 +43,7 @@ def plot_tps(runs: list[TpsResult], path: Path) -> Path:
 
 
 def plot_ppl(served: PplResult, reference: PplResult | None, cap: float | None, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     xs = list(range(len(served.records)))
     ax.bar(xs, [r.ppl for r in served.records], color="tab:blue", label=f"served (PPL {served.ppl:.4f})")
