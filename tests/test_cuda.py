@@ -1,4 +1,6 @@
-"""The same decoder on a CUDA device (skipped without one): fp32 logits vs transformers, bf16 runs."""
+"""The decoder on a CUDA device (skipped without one): fp32 logits vs transformers, bf16 runs,
+the CUDA graph of the fixed-shape step (engine/static_step.py) against the same step run
+eagerly, exact speculative verification, and quantised linears through the graph."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import pytest
 import torch
 
 from fastgemma import LLM, SamplingParams
+from tests.engine.test_speculative import PROMPTS, _PartlyRight
 from tests.tiny_models import reference_model
 
 pytestmark = [
@@ -33,3 +36,71 @@ def test_cuda_bf16_generates(tiny_e4b):
     assert len(out.token_ids) == 40
     sampled = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=1.0, seed=3, ignore_eos=True))[0]
     assert len(sampled.token_ids) == 8
+
+
+# ---- the fixed-shape decode step and its CUDA graph (engine/static_step.py) ----------------
+
+GREEDY_70 = SamplingParams(max_tokens=70, temperature=0.0, ignore_eos=True)  # > 8 sliding windows
+
+
+def _tokens(llm: LLM, params: SamplingParams = GREEDY_70) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_gemma3"])
+def test_cuda_graph_replays_the_eager_step_bit_for_bit(name, request):
+    folder = request.getfixturevalue(name)
+    graph = LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=128)
+    eager = LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=128, enforce_eager=True)
+    assert graph.runner.static is not None and graph.runner.static.use_graph
+    assert eager.runner.static is not None and not eager.runner.static.use_graph
+    assert _tokens(graph) == _tokens(eager)
+    assert graph.runner.static.graph is not None  # captured once, replayed since
+    ids = list(range(3, 30))
+    for llm in (graph, eager):
+        llm.runner.prefill(ids)
+    for i in range(40):
+        a = graph.runner.decode(i + 5, len(ids) + i)
+        b = eager.runner.decode(i + 5, len(ids) + i)
+        assert torch.equal(a, b)
+
+
+def test_cuda_kernels_torch_runs_the_per_op_path(tiny_e4b):
+    llm = LLM(str(tiny_e4b), dtype="bfloat16", device="cuda", max_model_len=128, kernels="torch")
+    assert llm.runner.static is None
+    assert len(_tokens(llm)[0]) == 70
+
+
+@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_gemma3"])
+def test_cuda_verification_rows_are_the_decode_steps_bits(name, request):
+    folder = request.getfixturevalue(name)
+    llm = LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=128, speculative="ngram",
+              num_speculative_tokens=5)
+    runner, ids, draft = llm.runner, list(range(3, 30)), [11, 12, 13, 14, 15]
+    runner.prefill(ids[:-1])
+    rows = runner.verify([ids[-1], *draft], len(ids) - 1, greedy=False)
+    runner.prefill(ids[:-1])
+    steps = [runner.decode(t, len(ids) - 1 + i) for i, t in enumerate([ids[-1], *draft])]
+    assert torch.equal(rows, torch.stack(steps))
+
+
+@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_gemma3"])
+def test_cuda_speculative_greedy_is_identical_to_plain(name, request):
+    folder = request.getfixturevalue(name)
+    expected = _tokens(LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=128))
+    for k in (1, 3, 7):
+        spec = LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=128, speculative="ngram",
+                   num_speculative_tokens=k, prompt_lookup_min=1)
+        assert _tokens(spec) == expected
+        spec.engine.proposer = _PartlyRight({tuple(p): e for p, e in zip(PROMPTS, expected)}, k)
+        assert _tokens(spec) == expected
+        stats = spec.engine.spec_stats
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32"])
+def test_cuda_quantized_decode_is_identical_to_its_eager_step(scheme, tiny_e4b):
+    graph = LLM(str(tiny_e4b), dtype="bfloat16", device="cuda", max_model_len=128, quantization=scheme)
+    eager = LLM(str(tiny_e4b), dtype="bfloat16", device="cuda", max_model_len=128, quantization=scheme,
+                enforce_eager=True)
+    assert _tokens(graph) == _tokens(eager)

@@ -96,22 +96,27 @@ class EngineConfig:
     # changes how a bf16 prefill's matmuls round, so a prompt longer than the chunk can decode
     # differently (`fastgemma tune` found one: 128 vs 512, a 332-token prompt, token 140).
     prefill_chunk: int = option(512, flag="--prefill-chunk")
-    # auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA; torch: stock only. The kernels
-    # round differently in bf16, so they are part of the model's numbers.
+    # auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA, and on CUDA the fixed-shape
+    # decode step (engine/static_step.py); torch: stock per-op paths only. The kernels round
+    # differently in bf16, so they are part of the model's numbers.
     kernels: str = option("auto", flag="--kernels", reference=True, tune=Tunable(choices=("auto", "torch"), devices=("cpu",)))
+    # CUDA, kernels=auto: run the fixed-shape decode step eagerly instead of replaying its CUDA
+    # graph (vLLM's --enforce-eager). Same numbers either way: the graph replays the same kernels.
+    enforce_eager: bool = option(False, flag="--enforce-eager")
     # CPU threads; None = the physical cores
     threads: int | None = option(None, flag="--threads", tune=Tunable(low=1, high=physical_cores, devices=("cpu",)))
-    # body linears: none | int8 | int4-g32 | int4-g128 (kernels/quant.py); CPU kernels only so far
-    quantization: str = option("none", flag="--quantization", reference=True, tune=Tunable(choices=SCHEMES, devices=("cpu",)))
+    # body linears: none | int8 | int4-g32 | int4-g128 (kernels/quant.py; decode through
+    # cpu_quant_gemv.c on CPU, the Triton kernel of kernels/cuda_quant.py on CUDA)
+    quantization: str = option("none", flag="--quantization", reference=True, tune=Tunable(choices=SCHEMES))
     # greedy tokens through the exact int8 lm_head screen (native CPU kernels)
     lm_head_screen: bool = option(
         True, flag="--lm-head-screen", tune=Tunable(choices=(True, False), devices=("cpu",), when=("kernels", ("auto",)))
     )
     # none | ngram (engine/ngram.py) | mtp (engine/mtp.py): drafts verified K at a time; exact
-    # only with the native CPU kernels (llm.py says why)
+    # with the native CPU kernels or CUDA's fixed-shape step (llm.py says why)
     speculative: str = option(
         "none", flag="--speculative",
-        tune=Tunable(choices=SPECULATIVE_METHODS, devices=("cpu",), when=("kernels", ("auto",))),
+        tune=Tunable(choices=SPECULATIVE_METHODS, when=("kernels", ("auto",))),
     )
     # K: tokens drafted per step
     num_speculative_tokens: int = option(
@@ -146,7 +151,7 @@ class EngineConfig:
             raise ValueError("a draft model is only used by --speculative mtp; add it or drop --draft-model")
         if self.speculative != "none" and self.kernels == "torch":
             raise ValueError(
-                "speculative decoding needs fastgemma's CPU kernels (kernels=auto): with kernels=torch use speculative=none"
+                "speculative decoding needs fastgemma's kernels (kernels=auto): with kernels=torch use speculative=none"
             )
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(

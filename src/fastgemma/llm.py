@@ -59,18 +59,22 @@ class LLM:
         prompt_lookup_min: int = 2,
         prompt_lookup_max: int = 4,
         draft_model: str | None = None,
+        enforce_eager: bool = False,
     ):
         self.config = EngineConfig(
             model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk,
             kernels=kernels, threads=threads, quantization=quantization or "none", lm_head_screen=lm_head_screen,
             speculative=speculative or "none", num_speculative_tokens=num_speculative_tokens,
             prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, draft_model=draft_model,
+            enforce_eager=enforce_eager,
         )
-        if self.config.torch_device().type == "cpu":
+        if self.config.torch_device().type == "cpu":  # before any kernel runs
             torch.set_num_threads(self.config.threads or physical_cores())
         loaded = load(self.config)
+        on_cpu = self.config.torch_device().type == "cpu"
         loaded.model.set_native_kernels(
-            self.config.kernels == "auto" and native.load() is not None, lm_head_screen=self.config.lm_head_screen
+            on_cpu and self.config.kernels == "auto" and native.load() is not None,
+            lm_head_screen=self.config.lm_head_screen,
         )
         self.source, self.spec, self.tokenizer = loaded.source, loaded.spec, loaded.tokenizer
         self.model = loaded.model
@@ -80,14 +84,16 @@ class LLM:
         if (towers := loaded.towers) is not None:
             self.processor = MultimodalProcessor(loaded.source.path, loaded.hf_config, towers.has_vision, towers.has_audio)
         c = self.config
+        # CUDA: every decode and verification through one fixed-shape step (a CUDA graph)
+        static_steps = c.torch_device().type == "cuda" and c.kernels == "auto"
         if c.speculative != "none":
-            _check_speculative(loaded.model)
+            _check_speculative(loaded.model, static_steps)
         # Spare ring slots: a K-token verification needs K (engine/kv_cache.py); the MTP
         # assistant also reads one position further back than a sliding query (models/assistant.py).
         spare = {"none": 0, "ngram": c.num_speculative_tokens, "mtp": c.num_speculative_tokens + 1}[c.speculative]
         self.runner = ModelRunner(
             loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk, num_speculative_tokens=spare,
-            towers=loaded.towers,
+            towers=loaded.towers, static_steps=static_steps, enforce_eager=c.enforce_eager,
         )
         proposer: NgramProposer | MtpProposer | None = None
         if c.speculative == "ngram":
@@ -245,12 +251,13 @@ class LLM:
         return self.runner.prompt_logprobs(list(token_ids), top)
 
 
-def _check_speculative(model) -> None:
-    """Verification is exact only where every row runs as its own decode step (row-invariant
-    native kernels); say what to change elsewhere."""
-    if not model.use_native:
+def _check_speculative(model, static_steps: bool) -> None:
+    """Verification is exact only where every row runs as its own decode step: the
+    row-invariant native CPU kernels, or CUDA's fixed-shape step (engine/static_step.py);
+    say what to change elsewhere."""
+    if not (model.use_native or static_steps):
         raise ValueError(
-            "speculative decoding needs fastgemma's CPU kernels (a CPU with AVX2 + FMA, kernels=auto); "
+            "speculative decoding needs fastgemma's kernels (a CPU with AVX2 + FMA, or CUDA; kernels=auto); "
             "on this configuration use speculative=none"
         )
     if model.spec.attn_softcap is not None:

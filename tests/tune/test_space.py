@@ -22,7 +22,7 @@ def test_space_is_every_tunable_option_for_the_device():
     cpu = SearchSpace.build("cpu")
     assert [d.name for d in cpu.dimensions] == tunable  # no second list: the metadata is the space
     cuda = SearchSpace.build("cuda")
-    assert {d.name for d in cuda.dimensions} == {"dtype", "num_speculative_tokens",
+    assert {d.name for d in cuda.dimensions} == {"dtype", "quantization", "speculative", "num_speculative_tokens",
                                                 "prompt_lookup_min", "prompt_lookup_max"}
     threads = next(d for d in cpu.dimensions if d.name == "threads")
     assert (threads.tunable.low, threads.tunable.upper()) == (1, physical_cores())

@@ -112,7 +112,13 @@ def serve(
     max_model_len: Optional[int] = MaxLenOpt,
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting at most; more get 429."),
     prefill_chunk: int = typer.Option(512, "--prefill-chunk", help="Prompt tokens per prefill forward."),
-    kernels: str = typer.Option("auto", "--kernels", help="auto: fastgemma's CPU kernels where supported | torch: stock only."),
+    kernels: str = typer.Option(
+        "auto", "--kernels",
+        help="auto: fastgemma's CPU kernels where supported, CUDA's fixed-shape decode step | torch: stock only.",
+    ),
+    enforce_eager: bool = typer.Option(
+        False, "--enforce-eager", help="CUDA: run the decode step eagerly instead of replaying its CUDA graph."
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the physical cores)."),
     quantization: str = QuantOpt,
     lm_head_screen: bool = ScreenOpt,

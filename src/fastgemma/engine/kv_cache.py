@@ -25,6 +25,13 @@ Two ways to run a chunk of T tokens at positions start..end-1:
 - prefill (T > 1): attend over [ring before the chunk ; the chunk's own K/V] with a mask,
   then write the chunk's last min(T, R) tokens into the ring. Queries in the chunk may need
   positions the chunk is about to overwrite, hence attend-then-write.
+A third, for fixed-shape steps (engine/static_step.py, CUDA graphs): `in_place_metadata`
+describes a decode-like chunk by device tensors only (no Python positions), `scatter` writes
+its K/V, and each query attends over a layer's *whole* buffer with a mask computed from its
+own position: full layers see slots s <= q; a ring slot s holds position q - ((q - s) mod R)
+within the query's window (the argument above: no slot in that window is stale), so it is
+visible iff (q - s) mod R < min(W, q + 1). Such a cache has one scratch slot past the end of
+every buffer (`scratch_slot=True`), never visible, where padding rows write.
 """
 
 from __future__ import annotations
@@ -45,6 +52,13 @@ class AttentionMetadata:
     positions: torch.Tensor  # [T] int64
     masks: dict[str, torch.Tensor | None]  # layer type -> [T, S] bool (S = keys update() returns); None: all visible
     decode_like: bool = False  # every token as its own decode step (write, then attend one by one)
+    # in place (fixed shapes): start/end are unknown to the host (-1); `slots` says where each
+    # row's K/V go (layer type -> [T] int64), masks cover whole buffers (module docstring)
+    slots: dict[str, torch.Tensor] | None = None
+
+    @property
+    def in_place(self) -> bool:
+        return self.slots is not None
 
     @property
     def num_tokens(self) -> int:
@@ -53,20 +67,31 @@ class AttentionMetadata:
 
 class KVCache:
     def __init__(
-        self, spec: ArchSpec, max_model_len: int, dtype: torch.dtype, device: torch.device, spare_ring_slots: int = 0
+        self,
+        spec: ArchSpec,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        spare_ring_slots: int = 0,
+        scratch_slot: bool = False,  # one never-visible slot past each buffer's end (in-place steps)
     ):
         self.spec, self.max_model_len = spec, max_model_len
         self.window = spec.sliding_window
         self.ring = min(self.window + spare_ring_slots, max_model_len)  # R: slots of a sliding layer
+        self.scratch_slot = scratch_slot
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         for i in spec.cache_layers:
             layer = spec.layers[i]
-            slots = self.ring if layer.is_sliding else max_model_len
+            slots = self.slots(layer.is_sliding) + int(scratch_slot)
             shape = (layer.num_kv_heads, slots, layer.head_dim)
             self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
             self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
         self.device = device
+
+    def slots(self, sliding: bool) -> int:
+        """Position slots of a layer's buffer (R or max_model_len; the scratch slot not counted)."""
+        return self.ring if sliding else self.max_model_len
 
     @property
     def num_bytes(self) -> int:
@@ -129,6 +154,33 @@ class KVCache:
             masks[SLIDING] = (k[None, :] <= q[:, None]) & (k[None, :] >= 0) & (q[:, None] - k[None, :] < self.window)
         return AttentionMetadata(start=start, end=end, positions=q, masks=masks)
 
+    def in_place_metadata(
+        self, positions: torch.Tensor, full_slots: torch.Tensor, ring_slots: torch.Tensor
+    ) -> AttentionMetadata:
+        """A decode-like chunk for a fixed-shape step, from device tensors only: positions [T]
+        (every row's, padding included), the slots its K/V go to [T] (full / ring buffers;
+        padding rows: the scratch slot). Masks [T, slots + 1] over whole buffers (module docstring)."""
+        assert self.scratch_slot, "in-place steps need a cache built with scratch_slot=True"
+        q = positions[:, None]  # [T, 1]
+        layer_types = {layer.layer_type for layer in self.spec.layers}
+        masks: dict[str, torch.Tensor | None] = {}
+        if FULL in layer_types:
+            s = torch.arange(self.max_model_len + 1, device=self.device)[None, :]  # [1, S + 1]
+            masks[FULL] = (s <= q) & (s < self.max_model_len)
+        if SLIDING in layer_types:
+            s = torch.arange(self.ring + 1, device=self.device)[None, :]  # [1, R + 1]
+            back = torch.remainder(q - s, self.ring)  # how far back from q slot s's position is
+            masks[SLIDING] = (back < self.window) & (back <= q) & (s < self.ring)
+        slots = {FULL: full_slots, SLIDING: ring_slots}
+        return AttentionMetadata(-1, -1, positions, masks, decode_like=False, slots=slots)
+
+    def scatter(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
+        """Store an in-place chunk's k, v: [Hkv, T, hd] at `meta.slots` (device-side indices)."""
+        assert meta.slots is not None
+        slots = meta.slots[self.spec.layers[layer_idx].layer_type]
+        self.k[layer_idx].index_copy_(1, slots, k)
+        self.v[layer_idx].index_copy_(1, slots, v)
+
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
         """Store a decode-like chunk's k, v: [Hkv, T, hd] at their slots."""
         ck, cv = self.k[layer_idx], self.v[layer_idx]
@@ -151,17 +203,18 @@ class KVCache:
             assert T == 1, "decode-like chunks of several tokens attend query by query (models/attention.py)"
             self.write(layer_idx, k, v, meta)
             S, first = self.visible_keys(sliding, start)
+            slots = self.slots(sliding)
             if S == ck.shape[1]:  # every slot visible (a full ring without spare slots)
                 return ck, cv
-            if first + S <= ck.shape[1]:
+            if first + S <= slots:
                 return ck[:, first : first + S], cv[:, first : first + S]
-            idx = torch.remainder(torch.arange(first, first + S, device=ck.device), ck.shape[1])
+            idx = torch.remainder(torch.arange(first, first + S, device=ck.device), slots)
             return ck[:, idx], cv[:, idx]
         if not sliding:
             ck[:, start:end] = k
             cv[:, start:end] = v
             return ck[:, :end], cv[:, :end]
-        R = ck.shape[1]
+        R = self.ring
         n_old = min(start, R)  # ring slots written before this chunk
         keys = torch.cat([ck[:, :n_old], k], dim=1)  # [Hkv, n_old + T, hd]
         values = torch.cat([cv[:, :n_old], v], dim=1)

@@ -17,6 +17,10 @@ into logits. Knows nothing of sampling, stopping or text.
   verification's logits, for drafters that read the target's state (engine/mtp.py).
 - `prompt_logprobs(ids, top)`: every position's log-softmax (teacher forcing), computed in
   slices so that no [T, V] tensor larger than `logits_chunk` rows exists at once.
+
+With `static_steps` (CUDA with kernels=auto), decode, decode_greedy and verify all run the
+fixed-shape step of engine/static_step.py (a CUDA graph unless `enforce_eager`); prefill and
+scoring stay as above. The cache then has a scratch slot per buffer.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from fastgemma.engine.kv_cache import KVCache
+from fastgemma.engine.static_step import StaticStep
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.towers import MultimodalInputs, MultimodalTowers
 
@@ -48,12 +53,17 @@ class ModelRunner:
         logits_chunk: int = 128,
         num_speculative_tokens: int = 0,
         towers: MultimodalTowers | None = None,
+        static_steps: bool = False,
+        enforce_eager: bool = False,
     ):
         self.model, self.max_model_len = model, max_model_len
         self.towers = towers  # Gemma 4 vision / audio towers: run at prefill only
         self.device = model.embed_tokens.weight.device
         self.prefill_chunk, self.logits_chunk = prefill_chunk, logits_chunk
-        self.cache = KVCache(model.spec, max_model_len, model.dtype, self.device, num_speculative_tokens)
+        self.cache = KVCache(
+            model.spec, max_model_len, model.dtype, self.device, num_speculative_tokens, scratch_slot=static_steps
+        )
+        self.static = StaticStep(model, self.cache, use_graph=not enforce_eager) if static_steps else None
         self.last_hidden: torch.Tensor | None = None  # [T, D] normed hidden rows of the last prefill / decode / verify
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
@@ -95,17 +105,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, token_id: int, position: int) -> torch.Tensor:
-        hidden = self.last_hidden = self._forward([token_id], position, None)  # [1, D]
-        return self.model.compute_logits(hidden)[0]
+        return self.verify([token_id], position, greedy=False)[0]
 
     @torch.inference_mode()
     def decode_greedy(self, token_id: int, position: int) -> int:
-        hidden = self.last_hidden = self._forward([token_id], position, None)  # [1, D]
-        return self.model.greedy_tokens(hidden)[0]
+        return self.verify([token_id], position, greedy=True)[0]
 
     @torch.inference_mode()
     def verify(self, ids: list[int], position: int, greedy: bool) -> list[int] | torch.Tensor:
         """Greedy tokens [len(ids)] or logits [len(ids), V] after each of ids at position.."""
+        if self.static is not None:
+            out = self.static.run(ids, position, want_logits=not greedy)
+            self.last_hidden = out.hidden
+            return out.tokens if greedy else out.logits
         hidden = self.last_hidden = self._forward(ids, position, None, decode_like=True)  # [K + 1, D]
         return self.model.greedy_tokens(hidden) if greedy else self.model.compute_logits(hidden)
 

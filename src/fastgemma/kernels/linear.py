@@ -9,7 +9,8 @@ larger ones (prefill, scoring) and other devices use torch.
 
 A `Linear` may hold its weight quantised (`quantize_(scheme)`, kernels/quant.py): then it
 keeps `qweight` and `scales` instead of `weight`; decode-sized inputs use the quantised GEMV
-(`cpu_quant_gemv.c`), everything else multiplies by the dequantised matrix.
+(`cpu_quant_gemv.c` on CPU, the Triton kernel of kernels/cuda_quant.py on CUDA), everything
+else multiplies by the dequantised matrix.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scheme is None:
             return linear(x, self.weight, self.use_native)
+        if x.is_cuda and x.shape[0] <= NATIVE_MAX_ROWS and self.in_features % 32 == 0 and x.dtype != torch.float16:
+            from fastgemma.kernels.cuda_quant import quant_matmul  # Triton: imported on CUDA only
+
+            return quant_matmul(x, self.qweight, self.scales, self.scheme)
         lib = native.load() if native_rows(x, self.use_native) else None
         if lib is not None and x.dtype in (torch.bfloat16, torch.float32):
             return quant.matvec(x, self.qweight, self.scales, self.scheme, lib)

@@ -68,7 +68,15 @@ class Attention(nn.Module):
             if self.v_norm is not None:
                 v = self.v_norm(v)
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, T, hd]
-        if native_decode:
+        if meta.in_place:
+            # A fixed-shape step (engine/static_step.py): write at device-side slots, then every
+            # query over the layer's whole buffer under its own mask (engine/kv_cache.py).
+            if not self.kv_shared:
+                cache.scatter(self.layer_idx, k, v, meta)
+            keys, values = cache.k[self.kv_source], cache.v[self.kv_source]  # [Hkv, slots + 1, hd]
+            mask = meta.masks[self.layer_type]
+            out = attend(q, keys, values, mask, self.scaling, self.softcap, eager=True)  # [H, T, hd]
+        elif native_decode:
             # Each query on its own over its visible keys, straight from the cache buffers
             # (fastgemma's CPU kernel): the same per row for any T (engine/kv_cache.py).
             if not self.kv_shared:
@@ -98,10 +106,13 @@ def attend(
     mask: torch.Tensor | None,  # [T, S] bool, True = visible; None = every key visible
     scaling: float,
     softcap: float | None,
+    eager: bool = False,
 ) -> torch.Tensor:
+    """`eager`: always the explicit matmul-softmax-matmul below (fixed-shape steps: plain
+    batched GEMMs and a row-wise softmax, whose rows share no reduction), never SDPA."""
     H, T, hd = q.shape
     Hkv = k.shape[0]
-    if T == 1 or softcap is not None:
+    if T == 1 or softcap is not None or eager:
         # Decode (and softcapped configs): the reference's eager maths, with the query heads
         # of each KV head stacked as rows so GQA needs no copy of K/V.
         qg = q.reshape(Hkv, (H // Hkv) * T, hd)  # [Hkv, G*T, hd] (rows: head-major, then t)

@@ -44,6 +44,7 @@ class ServeOptions:
     max_model_len: int | None = None
     prefill_chunk: int = 512
     kernels: str = "auto"
+    enforce_eager: bool = False  # CUDA: no CUDA graph
     threads: int | None = None
     quantization: str = "none"  # one of kernels.quant.SCHEMES
     lm_head_screen: bool = True
