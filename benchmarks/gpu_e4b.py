@@ -13,8 +13,8 @@ built from the E4B config, saved as a checkpoint), bf16, batch 1, one random pro
    generated token to the last (prefill not included), of fastgemma with its CUDA graph (the
    default) and of the same engine with its step run eagerly (`--enforce-eager`'s path,
    switched on the loaded engine; its tokens must equal the graph's); the bytes a step reads
-   (the cost model's weights + the whole K/V buffers the fixed-shape step attends over), the
-   HBM bound = copy bandwidth / those bytes, and the graph's tok/s as a fraction of it;
+   (the cost model: weights + K/V at the mean context, prompt + half the output), the HBM
+   bound = copy bandwidth / those bytes, and the graph's tok/s as a fraction of it;
 3. transformers `generate` with `cache_implementation="static"` on the same weights, timed
    as in 2 (decode = generate(N) - generate(1));
 4. n-gram speculation (K = 8): decode tok/s, mean acceptance length, tokens equal to plain;
@@ -169,13 +169,6 @@ def step_times_ms(llm: LLM, prompt: list[int], device: str, ks: range, replays: 
     return out
 
 
-def static_kv_bytes(llm: LLM) -> int:
-    """K/V the fixed-shape step reads: every cache buffer whole, once per layer reading it."""
-    cache, spec = llm.runner.cache, llm.spec
-    readers = {i: sum(1 for layer in spec.layers if layer.kv_source == i) for i in cache.k}
-    return sum(readers[i] * 2 * t.numel() * t.element_size() for i, t in cache.k.items())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=("e4b", "tiny"), default="e4b")
@@ -220,6 +213,7 @@ def main() -> None:
             torch.cuda.empty_cache()
 
     n, reps = args.output_len, args.repetitions
+    context = args.prompt_len + n // 2  # the mean context of a decode step
     prompt = torch.randint(10, 4000, (args.prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
     folder = Path(tempfile.mkdtemp(prefix="fastgemma-e4b-"))
     state: dict[str, Any] = {}
@@ -243,10 +237,9 @@ def main() -> None:
         graph = llm()
         tps, tokens = fastgemma_decode(graph, prompt, n, reps)
         weights = bytes_per_token(graph.model, 0)
-        kv = static_kv_bytes(graph)
-        step_bytes = weights + kv
+        step_bytes = bytes_per_token(graph.model, context)
         out = {"fastgemma_graph_tok_s": tps, "bytes_per_token": step_bytes, "weight_bytes": weights,
-               "kv_buffer_bytes": kv, "cuda_graph": bool(graph.runner.static and graph.runner.static.graph)}
+               "kv_bytes": step_bytes - weights, "cuda_graph": bool(graph.runner.static and graph.runner.static.graph)}
         state["tokens"] = tokens
         eager_tps, eager_tokens = eager_decode(graph, reps)
         del graph
@@ -256,7 +249,7 @@ def main() -> None:
             out.update(hbm_bound_tok_s=bound, fraction_of_bound=tps / bound)
         say(f"fastgemma CUDA graph: {tps:.1f} tok/s; eager step: {eager_tps:.1f} tok/s; "
             f"tokens equal: {eager_tokens == tokens}")
-        say(f"bytes per step: {step_bytes / 1e9:.2f} GB (weights {weights / 1e9:.2f}, K/V buffers {kv / 1e9:.3f})"
+        say(f"bytes per step: {step_bytes / 1e9:.2f} GB (weights {weights / 1e9:.2f}, K/V {(step_bytes - weights) / 1e9:.3f})"
             + (f"; HBM bound {out['hbm_bound_tok_s']:.0f} tok/s, fraction {out['fraction_of_bound']:.2f}"
                if "bw" in state else ""))
         return out
@@ -298,7 +291,7 @@ def main() -> None:
         def run() -> dict[str, Any]:
             graph = llm(quantization=scheme)
             tps, tokens = fastgemma_decode(graph, prompt, n, reps)
-            step_bytes = bytes_per_token(graph.model, 0) + static_kv_bytes(graph)
+            step_bytes = bytes_per_token(graph.model, context)
             _, eager_tokens = eager_decode(graph, 0)
             del graph
             out = {"tok_s": tps, "bytes_per_token": step_bytes, "graph_tokens_equal_eager": tokens == eager_tokens}

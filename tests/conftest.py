@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests import tiny_models
+
+# Without a GPU the CUDA kernels (kernels/cuda_*.py, Triton) are tested in Triton's
+# interpreter on CPU tensors; it must be chosen before they are first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

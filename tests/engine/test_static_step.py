@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastgemma import LLM, SamplingParams
+from fastgemma import LLM, SamplingParams, kernels
 from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner
 from fastgemma.engine.mtp import MtpProposer
@@ -147,3 +147,34 @@ def test_mtp_on_the_static_step_is_identical_to_plain(tiny_e4b, tmp_path_factory
         engine = LLMEngine(runner, llm.spec.eos_token_ids, llm.spec.vocab_size, proposer)
         assert _generate(llm, engine, params) == expected
         assert engine.spec_stats.num_drafts > 0
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """Route the static step's attention and quantised linears through the Triton kernels
+    (kernels/cuda_*.py), which tests/conftest.py runs in Triton's interpreter without a GPU."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(kernels, "use_triton", lambda x: True)
+
+
+@pytest.mark.parametrize("quantization", [None, "int4-g32"])
+def test_the_triton_step_matches_and_keeps_rows_independent(quantization, tiny_e4b, triton_on_cpu):
+    """The CUDA kernels inside the step (interpreted here, a few seconds a step, hence few
+    steps): logits close to the per-op path past the window, and verification rows equal to
+    the decode steps bit for bit."""
+    llm = LLM(str(tiny_e4b), dtype="float32", device="cpu", max_model_len=LEN, kernels="torch",
+              quantization=quantization)
+    plain = ModelRunner(llm.model, LEN, num_speculative_tokens=3)
+    static = ModelRunner(llm.model, LEN, num_speculative_tokens=3, static_steps=True, enforce_eager=True)
+    ids, draft = list(range(3, 14)), [11, 12, 13]  # 11 + 4 positions: past the window of 8
+    plain.prefill(ids[:-1])
+    static.prefill(ids[:-1])
+    steps = []
+    for i, token in enumerate([ids[-1], *draft]):
+        expected = plain.decode(token, len(ids) - 1 + i)
+        steps.append(static.decode(token, len(ids) - 1 + i))
+        assert (steps[-1] - expected).abs().max() < 1e-4
+    static.prefill(ids[:-1])
+    rows = static.verify([ids[-1], *draft], len(ids) - 1, greedy=False)
+    assert torch.equal(rows, torch.stack(steps))

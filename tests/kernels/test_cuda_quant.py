@@ -1,16 +1,13 @@
 """The CUDA int8 / int4 matmul (kernels/cuda_quant.py): on a GPU when there is one, else the
-same Triton kernel in Triton's interpreter on the CPU (skipped without triton installed)."""
+same Triton kernel in Triton's interpreter on the CPU (tests/conftest.py; skipped without
+triton installed)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module is first imported
 pytest.importorskip("triton")
 
 from fastgemma.kernels import quant  # noqa: E402

@@ -55,6 +55,7 @@ class AttentionMetadata:
     # in place (fixed shapes): start/end are unknown to the host (-1); `slots` says where each
     # row's K/V go (layer type -> [T] int64), masks cover whole buffers (module docstring)
     slots: dict[str, torch.Tensor] | None = None
+    valid: torch.Tensor | None = None  # in place: [T] bool, False for padding rows
 
     @property
     def in_place(self) -> bool:
@@ -172,7 +173,8 @@ class KVCache:
             back = torch.remainder(q - s, self.ring)  # how far back from q slot s's position is
             masks[SLIDING] = (back < self.window) & (back <= q) & (s < self.ring)
         slots = {FULL: full_slots, SLIDING: ring_slots}
-        return AttentionMetadata(-1, -1, positions, masks, decode_like=False, slots=slots)
+        valid = full_slots < self.max_model_len  # padding rows write the scratch slot
+        return AttentionMetadata(-1, -1, positions, masks, decode_like=False, slots=slots, valid=valid)
 
     def scatter(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
         """Store an in-place chunk's k, v: [Hkv, T, hd] at `meta.slots` (device-side indices)."""

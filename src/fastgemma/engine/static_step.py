@@ -14,12 +14,15 @@ shapes never change, so
   back, one sync). Capture first runs the step twice eagerly on the real inputs; a step is
   idempotent (it rewrites the same K/V to the same slots), so those runs change nothing;
 - a row's numbers do not depend on where it sits or on the other rows: every op is a GEMM
-  (rows share no reduction), a row-wise norm or softmax, or elementwise, and each kernel is
-  chosen by the shapes alone, which are the same every step. Row i of a verification is
-  therefore bit for bit the decode step of its token at its position, which is what keeps
-  greedy speculative decoding token-identical to plain decoding here (engine/speculative.py).
-  Plain decoding on this path pays for the padding rows in compute, not in bytes: the
-  weights are read once per step either way.
+  (rows share no reduction; quantised ones: kernels/cuda_quant.py, one binary for any row
+  count), a row-wise norm, elementwise, or attention computed row by row over the row's own
+  context (kernels/cuda_attention.py; without Triton, masked attention over the whole
+  buffers), and each kernel is chosen by the shapes alone, which are the same every step.
+  Row i of a verification is therefore bit for bit the decode step of its token at its
+  position, which is what keeps greedy speculative decoding token-identical to plain
+  decoding here (engine/speculative.py). Plain decoding on this path pays for the padding
+  rows in compute, not in bytes: the weights are read once per step either way, and padding
+  rows skip attention.
 
 `enforce_eager` runs the same computation without a graph (the plain path the graph is
 checked against; also what runs on CPU in the tests).

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastgemma import kernels
 from fastgemma.kernels import native, quant
 from fastgemma.kernels.quant import QuantScheme
 
@@ -86,7 +87,8 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scheme is None:
             return linear(x, self.weight, self.use_native)
-        if x.is_cuda and x.shape[0] <= NATIVE_MAX_ROWS and self.in_features % 32 == 0 and x.dtype != torch.float16:
+        if (kernels.use_triton(x) and x.shape[0] <= NATIVE_MAX_ROWS and self.in_features % 32 == 0
+                and x.dtype in (torch.bfloat16, torch.float32)):
             from fastgemma.kernels.cuda_quant import quant_matmul  # Triton: imported on CUDA only
 
             return quant_matmul(x, self.qweight, self.scales, self.scheme)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma import kernels
 from fastgemma.kernels.attention import attend_decode
 from fastgemma.kernels.linear import Linear
 from fastgemma.models.layers import RMSNorm, apply_rope
@@ -74,8 +75,16 @@ class Attention(nn.Module):
             if not self.kv_shared:
                 cache.scatter(self.layer_idx, k, v, meta)
             keys, values = cache.k[self.kv_source], cache.v[self.kv_source]  # [Hkv, slots + 1, hd]
-            mask = meta.masks[self.layer_type]
-            out = attend(q, keys, values, mask, self.scaling, self.softcap, eager=True)  # [H, T, hd]
+            # CUDA: kernels/cuda_attention.py (each row over its own context); else masked
+            # attention over the whole buffers
+            if kernels.use_triton(q) and self.softcap is None:
+                from fastgemma.kernels.cuda_attention import attend_in_place  # Triton: imported on CUDA only
+
+                out = attend_in_place(q, keys, values, meta.positions, meta.valid, self.is_sliding, cache.ring,
+                                      cache.window, self.scaling)  # [H, T, hd]
+            else:
+                mask = meta.masks[self.layer_type]
+                out = attend(q, keys, values, mask, self.scaling, self.softcap, eager=True)  # [H, T, hd]
         elif native_decode:
             # Each query on its own over its visible keys, straight from the cache buffers
             # (fastgemma's CPU kernel): the same per row for any T (engine/kv_cache.py).
