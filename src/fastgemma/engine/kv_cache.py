@@ -27,11 +27,13 @@ Two ways to run a chunk of T tokens at positions start..end-1:
   positions the chunk is about to overwrite, hence attend-then-write.
 A third, for fixed-shape steps (engine/static_step.py, CUDA graphs): `in_place_metadata`
 describes a decode-like chunk by device tensors only (no Python positions), `scatter` writes
-its K/V, and each query attends over a layer's *whole* buffer with a mask computed from its
-own position: full layers see slots s <= q; a ring slot s holds position q - ((q - s) mod R)
-within the query's window (the argument above: no slot in that window is stale), so it is
-visible iff (q - s) mod R < min(W, q + 1). Such a cache has one scratch slot past the end of
-every buffer (`scratch_slot=True`), never visible, where padding rows write.
+its K/V at position (full) or position mod R (ring), then each query attends over exactly
+its visible positions — read from those slots by kernels/cuda_attention.py on CUDA, or with a
+mask over the layer's *whole* buffer elsewhere: full layers see slots s <= q; a ring slot s
+holds position q - ((q - s) mod R) within the query's window (the argument above: no slot in
+that window is stale), so it is visible iff (q - s) mod R < min(W, q + 1). Such a cache has
+one scratch slot past the end of every buffer (`scratch_slot=True`), never visible, where
+padding rows write.
 """
 
 from __future__ import annotations

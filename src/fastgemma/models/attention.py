@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
 from fastgemma import kernels
+from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels.attention import attend_decode
 from fastgemma.kernels.linear import Linear
 from fastgemma.models.layers import RMSNorm, apply_rope
@@ -70,8 +70,8 @@ class Attention(nn.Module):
                 v = self.v_norm(v)
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, T, hd]
         if meta.in_place:
-            # A fixed-shape step (engine/static_step.py): write at device-side slots, then every
-            # query over the layer's whole buffer under its own mask (engine/kv_cache.py).
+            # A fixed-shape step (engine/static_step.py): write at device-side slots, then each
+            # query over its own visible keys (engine/kv_cache.py).
             if not self.kv_shared:
                 cache.scatter(self.layer_idx, k, v, meta)
             keys, values = cache.k[self.kv_source], cache.v[self.kv_source]  # [Hkv, slots + 1, hd]
