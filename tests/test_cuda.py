@@ -104,3 +104,23 @@ def test_cuda_quantized_decode_is_identical_to_its_eager_step(scheme, tiny_e4b):
     eager = LLM(str(tiny_e4b), dtype="bfloat16", device="cuda", max_model_len=128, quantization=scheme,
                 enforce_eager=True)
     assert _tokens(graph) == _tokens(eager)
+
+
+def test_cuda_bench_decode_runs_every_engine_on_the_gpu(tiny_text_model, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from fastgemma.cli.main import app
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"conversations": [{"from": "human", "value": "Tell me a story."}]}] * 2))
+    result = CliRunner().invoke(app, [
+        "bench", "decode", "--model", str(tiny_text_model), "--prompts", str(prompts), "--num-prompts", "2",
+        "--output-len", "24", "--dtype", "bfloat16", "--speculative", "none,ngram", "-q", "none,int8",
+        "--compare", "transformers", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"fastgemma", "fastgemma ngram", "fastgemma int8", "fastgemma int8 ngram", "transformers"} <= set(out["engines"])
+    identity = out["greedy_identity_vs_plain_path"]
+    assert all(identity[name]["identical_prompts"] == 2 for name in identity if name != "checked")

@@ -139,7 +139,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
     for name in cfg.compare:
         try:
             if name == "transformers":
-                engines.append(TransformersEngine(llm.source, dtype))
+                engines.append(TransformersEngine(llm.source, dtype, llm.runner.device))
             elif llm.source.kind != "gguf":
                 notes.append("llama.cpp skipped: it needs a GGUF model")
             else:
@@ -152,7 +152,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
     for engine in engines:
         for _ in range(cfg.warmup):
             engine.run(prompts[0][:64], 8)
-    bandwidth = read_bandwidth_gb_s()
+    bandwidth = read_bandwidth_gb_s(device=str(llm.runner.device))
     spec_before = {name: m.engine.spec_stats.snapshot() for name, m in ours.items()}
     results = {e.name: EngineRuns() for e in engines}
     outputs: dict[str, dict[int, list[int]]] = {name: {} for name in ours}
@@ -189,11 +189,15 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         for name, m in ours.items():
             m.model.set_native_kernels(m.model.use_native, fused_decode=False, lm_head_screen=False)
             proposer, m.engine.proposer = m.engine.proposer, None  # the plain path drafts nothing
+            if m.runner.static is not None:  # CUDA: the fixed-shape step without its graph
+                m.runner.static.use_graph = False
             first_diff = []
             for i, ids in enumerate(prompts):
                 ref = m.generate([ids], params)[0].token_ids
                 first_diff.append(next((j for j, (a, b) in enumerate(zip(outputs[name][i], ref)) if a != b), None))
             m.engine.proposer = proposer
+            if m.runner.static is not None:
+                m.runner.static.use_graph = not m.config.enforce_eager
             identity[name] = {
                 "identical_prompts": sum(d is None for d in first_diff), "prompts": len(prompts), "first_divergence": first_diff
             }

@@ -44,11 +44,11 @@ class FastgemmaEngine:
 
 
 class TransformersEngine:
-    """transformers `generate` on the same weights and dtype (eager attention, greedy)."""
+    """transformers `generate` on the same weights, dtype and device (eager attention, greedy)."""
 
     name = "transformers"
 
-    def __init__(self, source, dtype):
+    def __init__(self, source, dtype, device="cpu"):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -57,14 +57,15 @@ class TransformersEngine:
             model = AutoModelForCausalLM.from_pretrained(source.path.parent, gguf_file=source.path.name, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
-        self.model, self.torch = model.eval(), torch
+        self.model, self.torch, self.device = model.eval().to(device), torch, device
 
     def _generate(self, ids: list[int], n: int) -> list[int]:
         with self.torch.inference_mode():
             out = self.model.generate(
-                self.torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+                self.torch.tensor([ids], device=self.device), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                pad_token_id=0,
             )
-        return out[0, len(ids) :].tolist()
+        return out[0, len(ids) :].tolist()  # a host copy: the GPU has finished
 
     def run(self, ids: list[int], output_len: int) -> Timing:
         t0 = time.perf_counter()
