@@ -114,6 +114,12 @@ class StaticStep:
                 self.compute()
         torch.cuda.current_stream(self.cache.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.outputs = self.compute()
+        try:
+            with torch.cuda.graph(graph):
+                self.outputs = self.compute()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"capturing the decode step as a CUDA graph failed ({e}); "
+                "run with --enforce-eager (LLM(enforce_eager=True)) to decode without the graph"
+            ) from e
         self.graph = graph
