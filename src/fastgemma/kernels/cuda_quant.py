@@ -85,7 +85,8 @@ def _quant_matmul_kernel(
 
 def split_k(N: int, K: int) -> int:
     """K-slices per output block: a function of the shape alone (never of M), each slice a
-    whole number of 32-input blocks (and of int4 groups: scales index by absolute k)."""
+    whole number of 32-input blocks (int4 scales are looked up by absolute k, so a slice
+    need not hold whole groups)."""
     blocks = K // 32
     want = max(1, TARGET_PROGRAMS // triton.cdiv(N, BLOCK_N))
     best = 1
