@@ -44,11 +44,11 @@ class MtpProposer:
             return []
         p = len(ids) - 1
         kv = self.assistant.context_kv(self.target.spec, self.cache, p)
-        token, h = ids[-1], hidden[None]  # [1, D]
+        token, h = torch.tensor([ids[-1]], device=hidden.device), hidden[None]  # [1], [1, D]
         drafts = []
         for _ in range(k):
-            emb, _ = self.target.embed(torch.tensor([token], device=h.device))  # [1, D], scaled
+            emb, _ = self.target.embed(token)  # [1, D], scaled
             y, h = self.assistant(torch.cat([emb, h.to(emb.dtype)], dim=-1), p, kv)
-            token = int(torch.argmax(self.assistant.logits(y), dim=-1))
+            token = torch.argmax(self.assistant.logits(y), dim=-1)  # [1], left on the device
             drafts.append(token)
-        return drafts
+        return torch.cat(drafts).tolist()  # one host sync per round, not one per draft
