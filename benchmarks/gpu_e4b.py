@@ -49,26 +49,25 @@ from fastgemma.bench.cost_model import bytes_per_token
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
+# The E4B text config (architecture notes), and a tiny one of the same kind for smoke runs.
+SHAPES = {
+    "e4b": dict(vocab=262144, D=2560, I=10240, blocks=7, heads=8, hd=256, P=256, window=512, shared=18, max_len=131072),
+    "tiny": dict(vocab=4096, D=128, I=256, blocks=2, heads=4, hd=32, P=16, window=32, shared=2, max_len=4096),
+}
+
+
 def e4b_config(shape: str):
-    """The E4B text config (architecture notes), or a tiny one of the same kind (`tiny`)."""
+    """Gemma4TextConfig for `shape`: blocks of 5 sliding layers + 1 full, 2 KV heads, global
+    head dim twice the sliding one, the final softcap of 30."""
     from transformers import Gemma4TextConfig
 
-    if shape == "e4b":
-        layer_types = ([SLIDING] * 5 + [FULL]) * 7
-        return Gemma4TextConfig(
-            vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size=2560, intermediate_size=10240,
-            num_hidden_layers=42, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-            global_head_dim=512, num_global_key_value_heads=2, hidden_size_per_layer_input=256,
-            sliding_window=512, num_kv_shared_layers=18, layer_types=layer_types, final_logit_softcapping=30.0,
-            max_position_embeddings=131072, rms_norm_eps=1e-6,
-        )
-    layer_types = [SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL]
+    s = SHAPES[shape]
     return Gemma4TextConfig(
-        vocab_size=4096, vocab_size_per_layer_input=4096, hidden_size=128, intermediate_size=256,
-        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        global_head_dim=64, num_global_key_value_heads=2, hidden_size_per_layer_input=16,
-        sliding_window=32, num_kv_shared_layers=2, layer_types=layer_types, final_logit_softcapping=30.0,
-        max_position_embeddings=4096, rms_norm_eps=1e-6,
+        vocab_size=s["vocab"], vocab_size_per_layer_input=s["vocab"], hidden_size=s["D"], intermediate_size=s["I"],
+        num_hidden_layers=6 * s["blocks"], num_attention_heads=s["heads"], num_key_value_heads=2, head_dim=s["hd"],
+        global_head_dim=2 * s["hd"], num_global_key_value_heads=2, hidden_size_per_layer_input=s["P"],
+        sliding_window=s["window"], num_kv_shared_layers=s["shared"], layer_types=([SLIDING] * 5 + [FULL]) * s["blocks"],
+        final_logit_softcapping=30.0, max_position_embeddings=s["max_len"], rms_norm_eps=1e-6,
     )
 
 
@@ -171,7 +170,7 @@ def step_times_ms(llm: LLM, prompt: list[int], device: str, ks: range, replays: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", choices=("e4b", "tiny"), default="e4b")
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="e4b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
