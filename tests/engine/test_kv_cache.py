@@ -28,11 +28,11 @@ def test_masks_mark_exactly_the_visible_positions_slots():
                 held[p % R] = p
             meta = cache.in_place_metadata(positions, positions, positions % R)
             for t, q in enumerate(positions.tolist()):
-                ring = meta.masks[SLIDING][t]
+                ring = cache.in_place_mask(meta, SLIDING)[t]
                 assert not ring[R]  # the scratch slot
                 seen = {int(held[s]) for s in range(R) if ring[s]}
                 assert seen == set(range(max(0, q - W + 1), q + 1)), (spare, start, q)
-                full = meta.masks[FULL][t]
+                full = cache.in_place_mask(meta, FULL)[t]
                 assert full[: q + 1].all() and not full[q + 1 :].any()
 
 

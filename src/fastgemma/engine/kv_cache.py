@@ -53,6 +53,7 @@ class AttentionMetadata:
     end: int  # one past the chunk's last token
     positions: torch.Tensor  # [T] int64
     masks: dict[str, torch.Tensor | None]  # layer type -> [T, S] bool (S = keys update() returns); None: all visible
+    # (in place: filled on first use by KVCache.in_place_mask)
     decode_like: bool = False  # every token as its own decode step (write, then attend one by one)
     # in place (fixed shapes): start/end are unknown to the host (-1); `slots` says where each
     # row's K/V go (layer type -> [T] int64), masks cover whole buffers (module docstring)
@@ -162,21 +163,26 @@ class KVCache:
     ) -> AttentionMetadata:
         """A decode-like chunk for a fixed-shape step, from device tensors only: positions [T]
         (every row's, padding included), the slots its K/V go to [T] (full / ring buffers;
-        padding rows: the scratch slot). Masks [T, slots + 1] over whole buffers (module docstring)."""
+        padding rows: the scratch slot). Its masks are made on first use (`in_place_mask`):
+        the CUDA attention kernel reads positions, not masks."""
         assert self.scratch_slot, "in-place steps need a cache built with scratch_slot=True"
-        q = positions[:, None]  # [T, 1]
-        layer_types = {layer.layer_type for layer in self.spec.layers}
-        masks: dict[str, torch.Tensor | None] = {}
-        if FULL in layer_types:
-            s = torch.arange(self.max_model_len + 1, device=self.device)[None, :]  # [1, S + 1]
-            masks[FULL] = (s <= q) & (s < self.max_model_len)
-        if SLIDING in layer_types:
-            s = torch.arange(self.ring + 1, device=self.device)[None, :]  # [1, R + 1]
-            back = torch.remainder(q - s, self.ring)  # how far back from q slot s's position is
-            masks[SLIDING] = (back < self.window) & (back <= q) & (s < self.ring)
         slots = {FULL: full_slots, SLIDING: ring_slots}
         valid = full_slots < self.max_model_len  # padding rows write the scratch slot
-        return AttentionMetadata(-1, -1, positions, masks, decode_like=False, slots=slots, valid=valid)
+        return AttentionMetadata(-1, -1, positions, {}, decode_like=False, slots=slots, valid=valid)
+
+    def in_place_mask(self, meta: AttentionMetadata, layer_type: str) -> torch.Tensor:
+        """[T, slots + 1] bool: which slots of a whole buffer each query of an in-place chunk
+        sees (module docstring); made once per chunk and layer type."""
+        if layer_type not in meta.masks:
+            q = meta.positions[:, None]  # [T, 1]
+            if layer_type == FULL:
+                s = torch.arange(self.max_model_len + 1, device=self.device)[None, :]  # [1, S + 1]
+                meta.masks[FULL] = (s <= q) & (s < self.max_model_len)
+            else:
+                s = torch.arange(self.ring + 1, device=self.device)[None, :]  # [1, R + 1]
+                back = torch.remainder(q - s, self.ring)  # how far back from q slot s's position is
+                meta.masks[SLIDING] = (back < self.window) & (back <= q) & (s < self.ring)
+        return meta.masks[layer_type]
 
     def scatter(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
         """Store an in-place chunk's k, v: [Hkv, T, hd] at `meta.slots` (device-side indices)."""

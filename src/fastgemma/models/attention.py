@@ -83,7 +83,7 @@ class Attention(nn.Module):
                 out = attend_in_place(q, keys, values, meta.positions, meta.valid, self.is_sliding, cache.ring,
                                       cache.window, self.scaling)  # [H, T, hd]
             else:
-                mask = meta.masks[self.layer_type]
+                mask = cache.in_place_mask(meta, self.layer_type)
                 out = attend(q, keys, values, mask, self.scaling, self.softcap, eager=True)  # [H, T, hd]
         elif native_decode:
             # Each query on its own over its visible keys, straight from the cache buffers
