@@ -30,7 +30,7 @@ for arch in (86, 90):
         for hd, dt in ((256, "bf16"), (512, "bf16"), (256, "fp32")):
             p = "*" + dt
             build(ca._split_kernel, dict(
-                q_ptr=p, k_ptr=p, v_ptr=p, pos_ptr="*i64", valid_ptr="*i32", m_ptr="*fp32", l_ptr="*fp32",
+                q_ptr=p, k_ptr=p, v_ptr=p, pos_ptr="*i64", valid_ptr="*i1", m_ptr="*fp32", l_ptr="*fp32",
                 acc_ptr="*fp32", T="i32", NUM_SPLITS="i32", GROUP="i32", SLOTS="i32", RING="i32", WINDOW="i32",
                 scaling="fp32"), dict(SLIDING=sliding, HD=hd, SPLIT=ca.SPLIT, BLOCK=ca.BLOCK), arch)
             build(ca._fold_kernel, dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", o_ptr=p, T="i32"),

@@ -114,9 +114,8 @@ def attend_in_place(
     l_sum = torch.empty_like(m)
     acc = torch.empty((H, T, num_splits, hd), dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
-    valid_i = valid.to(torch.int32)
     _split_kernel[(H, T, num_splits)](
-        q, k, v, positions, valid_i, m, l_sum, acc,
+        q, k, v, positions, valid, m, l_sum, acc,
         T, num_splits, H // Hkv, slots, ring, window, scaling,
         SLIDING=sliding, HD=hd, SPLIT=SPLIT, BLOCK=BLOCK,
     )
