@@ -24,6 +24,7 @@ fp32 first (`_IEEE`).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -83,6 +84,7 @@ def _quant_matmul_kernel(
     tl.store(out, acc, mask=col_ok)
 
 
+@functools.cache
 def split_k(N: int, K: int) -> int:
     """K-slices per output block: a function of the shape alone (never of M), each slice a
     whole number of 32-input blocks (int4 scales are looked up by absolute k, so a slice
