@@ -81,12 +81,13 @@ class StaticStep:
         c = self.cache
         positions = list(range(start, start + n))
         pad = STATIC_ROWS - n
-        rows = self.staging
-        rows[0] = torch.tensor(ids + [ids[-1]] * pad)
-        rows[1] = torch.tensor(positions + [positions[-1]] * pad)
-        rows[2] = torch.tensor(positions + [c.max_model_len] * pad)  # scratch: one past the full buffer
-        rows[3] = torch.tensor([p % c.ring for p in positions] + [c.ring] * pad)  # scratch: one past the ring
-        self.inputs.copy_(rows, non_blocking=True)
+        self.staging.copy_(torch.tensor([
+            ids + [ids[-1]] * pad,
+            positions + [positions[-1]] * pad,
+            positions + [c.max_model_len] * pad,  # scratch: one past the full buffer
+            [p % c.ring for p in positions] + [c.ring] * pad,  # scratch: one past the ring
+        ]))
+        self.inputs.copy_(self.staging, non_blocking=True)
 
     def run(self, ids: list[int], start: int, want_logits: bool = False) -> StepOutput:
         n = len(ids)
