@@ -10,7 +10,7 @@ set -euo pipefail
 PORT=${PORT:-8123}
 NUM_PROMPTS=${NUM_PROMPTS:-8}
 OUTPUT_LEN=${OUTPUT_LEN:-256}
-PROMPTS=${PROMPTS:-../shared/data/eval_prompts_sharegpt.json}
+PROMPTS=${PROMPTS:-$(python -c "from fastgemma.data import challenge_file, PROMPTS_FILE; print(challenge_file(PROMPTS_FILE))")}
 : "${BENCH_SERVING:?set BENCH_SERVING to the bench_serving command, e.g. SGLANG_VENV/bin/python -m sglang.bench_serving}"
 : "${TOKENIZER:?set TOKENIZER to a folder holding the served model tokenizer.json}"
 

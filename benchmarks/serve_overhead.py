@@ -25,8 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROMPTS = REPO.parent / "shared" / "data" / "eval_prompts_sharegpt.json"
+from fastgemma.data import PROMPTS_FILE, challenge_file
+
+DEFAULT_PROMPTS = challenge_file(PROMPTS_FILE)  # the packaged challenge prompts
 
 
 def load_prompts(path: Path, n: int) -> list[str]:

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from fastgemma import LLM, SamplingParams
+from fastgemma.data import PROMPTS_FILE, challenge_file
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROMPTS = REPO.parent / "shared" / "data" / "eval_prompts_sharegpt.json"
+DEFAULT_PROMPTS = challenge_file(PROMPTS_FILE)  # the packaged challenge prompts
 
 
 def main() -> None:

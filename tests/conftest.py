@@ -16,14 +16,7 @@ from tests import tiny_models
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def challenge_file(name: str) -> Path:
-    path = DATA / name
-    if not path.is_file():
-        pytest.fail(f"challenge data {path} is missing (expected beside the repository in shared/data)")
-    return path
+from fastgemma.data import challenge_file  # the packaged challenge data (what users have)
 
 
 @pytest.fixture(scope="session")

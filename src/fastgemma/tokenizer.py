@@ -1,16 +1,19 @@
 """Text <-> token ids and chat formatting, on top of the model folder's Hugging Face tokenizer.
 
 Owns: encoding (with or without the model's special tokens), decoding, the chat template
-(the folder's own; Gemma's turn format when it has none, as the embedded GGUF), and
-UTF-8-safe incremental detokenisation for streaming. A model folder without tokenizer files
+(the folder's own; Gemma's turn format when it has none, as the embedded base model, said
+once in the log), and UTF-8-safe incremental detokenisation for streaming. A model folder without tokenizer files
 still loads: token-id prompts work, decoded text is empty, and a text prompt raises a
 `ValueError` saying so. The engine never sees text.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 GEMMA_TURN_TEMPLATE = (
     "{{ bos_token }}"
@@ -31,7 +34,10 @@ GEMMA_TURN_TEMPLATE = (
 class Tokenizer:
     def __init__(self, hf: Any | None):
         self.hf = hf
-        self.has_chat_template = hf is not None and bool(getattr(hf, "chat_template", None))
+        template = getattr(hf, "chat_template", None) if hf is not None else None
+        # The model's own template (not fastgemma's fallback, which a converted GGUF folder holds).
+        self.has_chat_template = bool(template) and template != GEMMA_TURN_TEMPLATE
+        self._fallback_logged = False
 
     @classmethod
     def from_folder(cls, folder: Path) -> Tokenizer:
@@ -69,6 +75,10 @@ class Tokenizer:
         """The prompt text (it starts with <bos>; encode it with add_special_tokens=False)."""
         hf = self._require()
         template = None if self.has_chat_template else GEMMA_TURN_TEMPLATE
+        if template is not None and not self._fallback_logged:
+            self._fallback_logged = True
+            log.warning("this model ships no chat template (a base model?): chat prompts use Gemma's turn "
+                        "format, fastgemma's fallback template")
         return hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
         )

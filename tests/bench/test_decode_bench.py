@@ -81,3 +81,16 @@ def test_bench_rejects_bad_prompts_file(tmp_path):
     bad.write_text('{"not": "a list"}')
     result = CliRunner().invoke(app, ["bench", "decode", "--prompts", str(bad)])
     assert result.exit_code == 2 and "cannot read sharegpt prompts" in result.output
+
+
+def test_bench_names_the_bad_record(tmp_path):
+    prompts = tmp_path / "p.json"
+    good = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "x"}]}
+    prompts.write_text(json.dumps([good, {"conversations": "oops"}]))
+    result = CliRunner().invoke(app, ["bench", "decode", "--prompts", str(prompts), "--num-prompts", "2"])
+    assert result.exit_code == 2 and f"{prompts}" in result.output and "item 1" in result.output
+    ppl = tmp_path / "ppl.jsonl"
+    ppl.write_text(json.dumps({"context_token_ids": [2], "target_token_ids": [3]}) + "\n{\"context_token_ids\": 5}\n")
+    result = CliRunner().invoke(app, ["bench", "decode", "--prompts", str(prompts), "--num-prompts", "1",
+                                      "--ppl-records", "2", "--ppl-data", str(ppl)])
+    assert result.exit_code == 2 and f"{ppl}" in result.output and "line 2" in result.output

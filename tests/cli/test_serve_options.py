@@ -71,7 +71,7 @@ def test_bad_preset_is_one_line(tmp_path, recorded):
 
 def test_verify_takes_a_preset_and_flags_win(tmp_path, monkeypatch):
     configs: list = []
-    monkeypatch.setattr("fastgemma.verify.run_verify", lambda cfg: configs.append(cfg) or {})
+    monkeypatch.setattr("fastgemma.verify.run_verify", lambda cfg: configs.append(cfg) or {"verdict": "VERIFIED", "reasons": []})
     monkeypatch.setattr("fastgemma.verify.report.render_table", lambda summary: None)
     preset = tmp_path / "p.json"
     preset.write_text(json.dumps({"fastgemma_preset": 1, "model": "tuned/model", "options": {

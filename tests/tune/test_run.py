@@ -40,8 +40,8 @@ def test_a_winner_that_fails_reverification_gives_way(small_prompts, small_ppl, 
     monkeypatch.setattr(tune_run, "evaluate", evaluate)
     monkeypatch.setattr(tune_run, "run_verify", run_verify)
     monkeypatch.setattr(tune_run, "References", References)
-    space = SearchSpace((Dimension("quantization", Tunable(choices=tuple(SPEED)), tuple(SPEED)),), model="m")
-    cfg = TuneConfig(model="m", prompts=small_prompts, ppl_data=small_ppl, num_prompts=3, num_audit_prompts=2,
+    space = SearchSpace((Dimension("quantization", Tunable(choices=tuple(SPEED)), tuple(SPEED)),), model="org/m")
+    cfg = TuneConfig(model="org/m", prompts=small_prompts, ppl_data=small_ppl, num_prompts=3, num_audit_prompts=2,
                      num_ppl_records=2, budget_trials=3, out=tmp_path, progress=False)
     summary = run_tune(cfg, space=space, log=lambda _: None)
 

@@ -18,6 +18,7 @@ import pytest
 
 from fastgemma.config import Tunable
 from fastgemma.preset import load_preset
+from fastgemma.submission import check_submission
 from fastgemma.tune import TuneConfig, run_tune
 from fastgemma.tune.space import Dimension, SearchSpace
 from fastgemma.verify.config import ServeOptions
@@ -121,13 +122,14 @@ def test_exported_preset_and_submission_serve(tuned, tiny_text_model, tmp_path):
         _challenge_requests(proc.url, "tuned")
 
     submission = Path(summary["submission"])
-    manifest = json.loads((submission / "manifest.json").read_text())
-    assert {"model_id", "served_model_name", "port", "serve", "pip", "env"} <= set(manifest)
-    assert manifest["model_id"] == str(tiny_text_model) and manifest["serve"] == "python serve.py"
+    manifest = check_submission(submission)
+    assert {"model_id", "served_model_name", "port", "serve", "dependencies", "env"} <= set(manifest)
+    assert manifest["model_id"] == f"model/{tiny_text_model.name}" and manifest["serve"] == ["python", "serve.py"]
+    assert load_preset(submission / "preset.json").options == preset.options
     port = free_port()
-    env = {**os.environ, "MODEL_ID": manifest["model_id"], "SERVED_MODEL_NAME": "google/gemma-4-E4B-it",
+    env = {**os.environ, "MODEL_ID": str(submission / manifest["model_id"]), "SERVED_MODEL_NAME": "google/gemma-4-E4B-it",
            "HOST": "127.0.0.1", "PORT": str(port)}
-    command = [os.sys.executable, str(submission / "serve.py")]
-    with ServeProcess(command, port, tmp_path / "submission.log", ready_timeout_s=180, env=env) as proc:
+    command = [os.sys.executable, "serve.py"]  # run in the folder, as the challenge's job runs it
+    with ServeProcess(command, port, tmp_path / "submission.log", ready_timeout_s=180, env=env, cwd=submission) as proc:
         _challenge_requests(proc.url, "google/gemma-4-E4B-it")
     assert "serving 'google/gemma-4-E4B-it'" in (tmp_path / "submission.log").read_text()

@@ -33,6 +33,7 @@ from fastgemma.bench.cost_model import bytes_per_token
 from fastgemma.bench.engines import FastgemmaEngine, LlamaCppEngine, Timing, TransformersEngine
 from fastgemma.bench.ppl import load_ppl_records, perplexity
 from fastgemma.config import SPECULATIVE_METHODS, physical_cores
+from fastgemma.data import PPL_FILE, PROMPTS_FILE, challenge_file
 from fastgemma.kernels.quant import QuantScheme
 
 COMPARE_ENGINES = ("transformers", "llama.cpp")
@@ -79,14 +80,23 @@ class DecodeBenchConfig:
 
 
 def load_sharegpt_prompts(path: Path, n: int) -> list[str]:
+    """The first `n` items' first human turns, in file order; errors name the file and the item."""
     try:
         items = json.loads(path.read_text())
-        prompts = [next(t["value"] for t in item["conversations"] if t["from"] == "human") for item in items]
-    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+    except (OSError, ValueError) as e:
         raise ValueError(f"cannot read sharegpt prompts from {path}: {e}") from e
+    if not isinstance(items, list):
+        raise ValueError(f"cannot read sharegpt prompts from {path}: it must hold a JSON list of sharegpt items")
+    prompts = []
+    for i, item in enumerate(items[:n]):
+        try:
+            prompts.append(next(t["value"] for t in item["conversations"] if t["from"] == "human"))
+        except (KeyError, TypeError, StopIteration):
+            raise ValueError(f"cannot read sharegpt prompts from {path}: item {i} needs a \"conversations\" list "
+                             f"with a {{\"from\": \"human\", \"value\": ...}} turn") from None
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
-    return prompts[:n]
+    return prompts
 
 
 @dataclass
@@ -107,19 +117,11 @@ class EngineRuns:
         return out
 
 
-def _shared_data(name: str) -> Path:
-    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / name
-
-
-def _default_prompts() -> Path:
-    return _shared_data("eval_prompts_sharegpt.json")
-
-
 def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
     from fastgemma import LLM, SamplingParams
 
-    texts = load_sharegpt_prompts(cfg.prompts or _default_prompts(), cfg.num_prompts)
-    records = load_ppl_records(cfg.ppl_data or _shared_data("ppl_ground_truth_tokens.jsonl"), cfg.ppl_records) if cfg.ppl_records else []
+    texts = load_sharegpt_prompts(cfg.prompts or challenge_file(PROMPTS_FILE), cfg.num_prompts)
+    records = load_ppl_records(cfg.ppl_data or challenge_file(PPL_FILE), cfg.ppl_records) if cfg.ppl_records else []
     llms = [
         LLM(
             model=cfg.model, dtype=cfg.dtype, quantization=q, lm_head_screen=cfg.lm_head_screen, speculative=method,

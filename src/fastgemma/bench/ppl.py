@@ -13,13 +13,23 @@ from pathlib import Path
 
 
 def load_ppl_records(path: Path, n: int | None = None) -> list[dict]:
+    """The first `n` records (all when None); errors name the file and the line."""
     try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for r in records:
-            if not (isinstance(r["context_token_ids"], list) and isinstance(r["target_token_ids"], list)):
-                raise TypeError("context_token_ids and target_token_ids must be lists")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        lines = path.read_text().splitlines()
+    except (OSError, ValueError) as e:
         raise ValueError(f"cannot read PPL records from {path}: {e}") from e
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            if not (isinstance(r["context_token_ids"], list) and isinstance(r["target_token_ids"], list)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"cannot read PPL records from {path}: line {number} must be a JSON object with "
+                             "\"context_token_ids\" and \"target_token_ids\" lists") from None
+        records.append(r)
     if not records:
         raise ValueError(f"{path} holds no PPL records")
     return records[:n] if n is not None else records

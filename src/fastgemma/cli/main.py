@@ -1,4 +1,4 @@
-"""The `fastgemma` command line: generate, convert, serve, quantize, bench, verify, tune.
+"""The `fastgemma` command line: generate, convert, serve, quantize, bench, verify, tune, submission.
 
 Every command runs on the embedded default model when no model is given. A user mistake
 (bad path, unknown model type, invalid value) prints one line `error: ...` to stderr and
@@ -220,11 +220,13 @@ def bench_decode(
     typer.echo(json.dumps(result))
 
 
-from fastgemma.cli.tune import tune  # noqa: E402  (both import _fail from here when run)
+from fastgemma.cli.submission import submission  # noqa: E402  (these import _fail from here when run)
+from fastgemma.cli.tune import tune  # noqa: E402
 from fastgemma.cli.verify import verify  # noqa: E402
 
 app.command("verify")(verify)
 app.command("tune")(tune)
+app.command("submission")(submission)
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 Flags map one to one onto `fastgemma.verify.VerifyConfig`; `--quick` fills the sizes it
 implies (`QUICK`) where they are not given. Bad input prints one `error: ...` line and exits
 with code 2 (the CLI's convention); a run prints the verdict table, or with `--json` the
-summary object as the last stdout line.
+summary object as the last stdout line, and exits with the verdict: 0 VERIFIED, 1 INVALID,
+3 PENDING (a check could not be judged), the reasons on stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+# The exit status tells scripts the verdict (2 stays the CLI's usage-error code).
+VERDICT_EXIT_CODES = {"VERIFIED": 0, "INVALID": 1, "PENDING": 3}
 
 
 def verify(
@@ -95,3 +99,7 @@ def verify(
         typer.echo(json.dumps(summary))
     else:
         render_table(summary)
+    code = VERDICT_EXIT_CODES[summary["verdict"]]
+    if code:
+        typer.echo(f"verdict {summary['verdict']}: " + "; ".join(summary["reasons"]), err=True)
+        raise typer.Exit(code=code)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fastgemma.verify.data import PPL_FILE, PROMPTS_FILE, default_data_dir
+from fastgemma.data import PPL_FILE, PROMPTS_FILE, challenge_file
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,10 @@ class TuneConfig:
             raise ValueError("--ready-timeout must be > 0 seconds")
 
     def prompts_path(self) -> Path:
-        return self.prompts or default_data_dir() / PROMPTS_FILE
+        return self.prompts or challenge_file(PROMPTS_FILE)
 
     def ppl_path(self) -> Path:
-        return self.ppl_data or default_data_dir() / PPL_FILE
+        return self.ppl_data or challenge_file(PPL_FILE)
 
     def setup(self) -> dict[str, Any]:
         """What a trial's figures depend on besides its configuration: a resumed study must

@@ -22,7 +22,7 @@ from typing import Any
 from fastgemma.config import EngineConfig
 from fastgemma.tune import leaderboard
 from fastgemma.tune.config import TuneConfig
-from fastgemma.tune.export import export_preset, export_submission
+from fastgemma.tune.export import export_preset, export_winner_submission
 from fastgemma.tune.references import References
 from fastgemma.tune.space import SearchSpace, config_hash
 from fastgemma.tune.study import measured_trials, open_study, outcome_of, ranked, search
@@ -123,7 +123,7 @@ def run_tune(cfg: TuneConfig, space: SearchSpace | None = None, log: Any = _stde
     preset = export_preset(cfg.out / "preset.json", options, measured_info)
     served_name = outcome.served_model_name or options.model or "model"
     summary["preset"] = str(preset)
-    summary["submission"] = str(export_submission(cfg.out / "submission", preset, options, served_name))
+    summary["submission"] = str(export_winner_submission(cfg.out / "submission", options, served_name, measured_info))
     _write_summary(cfg.out, summary)
     return summary
 

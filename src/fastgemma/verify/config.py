@@ -21,7 +21,7 @@ from typing import Any
 
 from fastgemma.config import MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS, EngineConfig
 from fastgemma.kernels.quant import SCHEMES
-from fastgemma.verify.data import PPL_FILE, PROMPTS_FILE, default_data_dir
+from fastgemma.data import PPL_FILE, PROMPTS_FILE, challenge_file
 
 DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32")  # as `fastgemma serve --dtype` takes them
 
@@ -102,8 +102,8 @@ class VerifyConfig:
     url: str | None = None  # an OpenAI-compatible endpoint; None: start `fastgemma serve` with `serve`
     serve: ServeOptions = field(default_factory=ServeOptions)
     api_key: str | None = None  # bearer token for --url
-    prompts: Path | None = None  # sharegpt JSON; None: <repo>/../shared/data/eval_prompts_sharegpt.json
-    ppl_data: Path | None = None  # PPL JSONL; None: <repo>/../shared/data/ppl_ground_truth_tokens.jsonl
+    prompts: Path | None = None  # sharegpt JSON; None: the packaged challenge prompts
+    ppl_data: Path | None = None  # PPL JSONL; None: the packaged challenge records
     private_prompts: Path | None = None  # None: a seeded held-out split of `prompts`
     private_ppl_data: Path | None = None  # None: no private PPL re-run
     num_prompts: int | None = None  # None: all (with private_prompts) or half of the prompt file
@@ -147,10 +147,10 @@ class VerifyConfig:
         return self.url is None
 
     def prompts_path(self) -> Path:
-        return self.prompts or default_data_dir() / PROMPTS_FILE
+        return self.prompts or challenge_file(PROMPTS_FILE)
 
     def ppl_path(self) -> Path:
-        return self.ppl_data or default_data_dir() / PPL_FILE
+        return self.ppl_data or challenge_file(PPL_FILE)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -18,15 +18,6 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-PROMPTS_FILE = "eval_prompts_sharegpt.json"
-PPL_FILE = "ppl_ground_truth_tokens.jsonl"
-
-
-def default_data_dir() -> Path:
-    """`<repo>/../shared/data`: where the challenge files sit beside a source checkout."""
-    return Path(__file__).resolve().parents[3].parent / "shared" / "data"
-
-
 @dataclass(frozen=True)
 class Prompt:
     key: str  # the item's "id" when it has one, else "index:<position in the file>"

@@ -92,8 +92,10 @@ class ServeProcess:
 
     def __init__(self, command: list[str], port: int, log_path: Path, ready_timeout_s: float = 600.0,
                  host: str = LOOPBACK, stop_timeout_s: float = 15.0,
-                 on_start: Callable[[ServeProcess], None] | None = None, env: dict[str, str] | None = None):
+                 on_start: Callable[[ServeProcess], None] | None = None, env: dict[str, str] | None = None,
+                 cwd: Path | None = None):
         self.command, self.port, self.host, self.on_start, self.env = command, port, host, on_start, env
+        self.cwd = cwd  # the child's working directory (None: ours)
         self.log_path, self.ready_timeout_s, self.stop_timeout_s = Path(log_path), ready_timeout_s, stop_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self._old_sigterm: Any = None
@@ -125,7 +127,7 @@ class ServeProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent, env=self.env,
+                start_new_session=True, preexec_fn=_die_with_parent, env=self.env, cwd=self.cwd,
             )
         return self
 

@@ -25,6 +25,7 @@ import torch
 
 from fastgemma.models.spec import SUPPORTED_MODEL_TYPES
 from fastgemma.paths import cache_dir
+from fastgemma.tokenizer import GEMMA_TURN_TEMPLATE
 from fastgemma.weights.source import ModelSource
 
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
@@ -72,10 +73,19 @@ def tower_name(name: str) -> str | None:
     return None
 
 
+GGUF_META_VERSION = 2  # 2: tokenizer_config.json holds the chat template
+
+
 def gguf_meta_folder(path: Path) -> Path:
-    """A cached folder with config.json and tokenizer files converted from the GGUF's metadata."""
+    """A cached folder with config.json and tokenizer files converted from the GGUF's metadata.
+
+    The tokenizer carries a chat template in `tokenizer_config.json`: the GGUF's own, or for a
+    GGUF without one (a base model, as the embedded one) the fallback the server uses
+    (`tokenizer.GEMMA_TURN_TEMPLATE`), so that every tool reading the folder (transformers,
+    sglang's bench_serving, the challenge's decode script) builds the prompt the server builds.
+    """
     st = path.stat()
-    folder = cache_dir() / "gguf" / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}"
+    folder = cache_dir() / "gguf" / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}-v{GGUF_META_VERSION}"
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
         return folder
     from transformers import AutoConfig, AutoTokenizer
@@ -87,8 +97,10 @@ def gguf_meta_folder(path: Path) -> Path:
         raise ValueError(f"cannot read GGUF metadata from {path}: {e}") from e
     # Written aside and renamed, so a concurrent or interrupted first run never leaves half a folder.
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = GEMMA_TURN_TEMPLATE
     config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp, save_jinja_files=False)  # the template inside tokenizer_config.json
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
     return folder

@@ -41,6 +41,11 @@ def embedded_model_path() -> Path:
     return Path(embedded.assemble(target))
 
 
+def looks_like_path(text: str) -> bool:
+    """`text` can only be a local path (a hub id is `org/name`, and names no .gguf file)."""
+    return text.startswith((".", "/", "~")) or text.endswith(".gguf") or text.count("/") != 1
+
+
 def resolve_model(model: str | os.PathLike | None) -> ModelSource:
     if model is None or str(model) == "":
         return ModelSource("gguf", embedded_model_path(), "gemma-3-270m")
@@ -54,8 +59,7 @@ def resolve_model(model: str | os.PathLike | None) -> ModelSource:
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} has no config.json; pass a Hugging Face model folder or a .gguf file")
         return ModelSource("folder", path, path.name)
-    looks_like_path = text.startswith((".", "/", "~")) or text.endswith(".gguf") or text.count("/") != 1
-    if looks_like_path:
+    if looks_like_path(text):
         raise ValueError(f"model path {text!r} does not exist; pass an existing folder, a .gguf file or a hub id")
     return ModelSource("folder", _download(text), text)
 
