@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fastgemma.bench.bandwidth import read_bandwidth_gb_s
-from fastgemma.config import physical_cores
+from fastgemma.kernels.cpu import physical_cores
 from fastgemma.kernels import native
 from fastgemma.kernels.linear import linear
 

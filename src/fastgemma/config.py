@@ -16,50 +16,19 @@ option that the rest of fastgemma reads:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from fastgemma.kernels.cpu import cpu_has_fast_bf16, physical_cores
 from fastgemma.kernels.quant import SCHEMES, QuantScheme
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
 SPECULATIVE_METHODS = ("none", "ngram", "mtp")
 MAX_SPECULATIVE_TOKENS = 15  # a verification's K + 1 rows stay within the row-invariant GEMVs' 16
-
-
-def physical_cores() -> int:
-    """Distinct (physical id, core id) pairs in /proc/cpuinfo; os.cpu_count() elsewhere."""
-    cores, phys = set(), "0"
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            if key.strip() == "physical id":
-                phys = value.strip()
-            elif key.strip() == "core id":
-                cores.add((phys, value.strip()))
-    except OSError:
-        pass
-    return len(cores) or os.cpu_count() or 1
-
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags /proc/cpuinfo lists (empty where there is none)."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_has_fast_bf16() -> bool:
-    """AVX-512 BF16 or AMX: the CPU multiplies bf16 natively."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from fastgemma.config import EngineConfig, physical_cores
+from fastgemma.config import EngineConfig
+from fastgemma.kernels.cpu import physical_cores
 from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
 from fastgemma.engine.mtp import MtpProposer
@@ -88,7 +89,7 @@ class LLM:
         static_steps = c.torch_device().type == "cuda" and c.kernels == "auto"
         if c.speculative != "none":
             _check_speculative(loaded.model, static_steps)
-        # Spare ring slots: a K-token verification needs K (engine/kv_cache.py); the MTP
+        # Spare ring slots: a K-token verification needs K (models/kv_cache.py); the MTP
         # assistant also reads one position further back than a sliding query (models/assistant.py).
         spare = {"none": 0, "ngram": c.num_speculative_tokens, "mtp": c.num_speculative_tokens + 1}[c.speculative]
         self.runner = ModelRunner(

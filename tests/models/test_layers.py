@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastgemma.models.layers import gelu_tanh, gelu_tanh_table
+from fastgemma.kernels.activation import gelu_tanh, gelu_tanh_table
 
 
 def _every_bf16() -> torch.Tensor:

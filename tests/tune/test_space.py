@@ -8,7 +8,8 @@ from dataclasses import fields
 import optuna
 import pytest
 
-from fastgemma.config import EngineConfig, physical_cores
+from fastgemma.config import EngineConfig
+from fastgemma.kernels.cpu import physical_cores
 from fastgemma.tune.space import SearchSpace, config_hash
 from fastgemma.verify.config import ServeOptions
 

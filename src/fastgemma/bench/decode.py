@@ -32,7 +32,8 @@ from fastgemma.bench.bandwidth import read_bandwidth_gb_s
 from fastgemma.bench.cost_model import bytes_per_token
 from fastgemma.bench.engines import FastgemmaEngine, LlamaCppEngine, Timing, TransformersEngine
 from fastgemma.bench.ppl import load_ppl_records, perplexity
-from fastgemma.config import SPECULATIVE_METHODS, physical_cores
+from fastgemma.config import SPECULATIVE_METHODS
+from fastgemma.kernels.cpu import physical_cores
 from fastgemma.data import PPL_FILE, PROMPTS_FILE, challenge_file
 from fastgemma.kernels.quant import QuantScheme
 

@@ -14,6 +14,11 @@ from typing import Optional
 
 import typer
 
+from fastgemma.cli.errors import fail, left_default
+from fastgemma.cli.submission import submission
+from fastgemma.cli.tune import tune
+from fastgemma.cli.verify import verify
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="fastgemma: fast, faithful Gemma inference.")
 
 ModelOpt = typer.Option(None, "--model", "-m", help="Model folder, .gguf file or hub id (default: embedded Gemma 3 270M).")
@@ -33,19 +38,6 @@ DraftOpt = typer.Option(None, "--draft-model", help="mtp: Gemma 4 assistant fold
 NumSpecOpt = typer.Option(4, "--num-speculative-tokens", "-k", help="Tokens drafted per step (1-15).")
 LookupMinOpt = typer.Option(2, "--prompt-lookup-min", help="ngram: shortest suffix matched.")
 LookupMaxOpt = typer.Option(4, "--prompt-lookup-max", help="ngram: longest suffix matched (tried first).")
-
-
-def _left_default(ctx: typer.Context, name: str) -> bool:
-    """The parameter `name` was not given on the command line (typer vendors click, so the
-    source is compared by name)."""
-    source = ctx.get_parameter_source(name)
-    return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")
-
-
-def _fail(message: str) -> None:
-    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    typer.echo(f"error: {one_line}", err=True)
-    raise typer.Exit(code=2)
 
 
 @app.command()
@@ -79,7 +71,7 @@ def generate(
             sys.stdout.write(delta.text)
             sys.stdout.flush()
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     sys.stdout.write("\n")
 
 
@@ -94,7 +86,7 @@ def convert(
     try:
         typer.echo(str(convert_to_hf_folder(model, out)))
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @app.command()
@@ -140,12 +132,12 @@ def serve(
         if preset is not None:
             chosen = load_preset(preset)
             engine.update({name: value for name, value in chosen.options.items()
-                           if _left_default(ctx, name)})
+                           if left_default(ctx, name)})
             model = model if model is not None else chosen.model
         settings = settings_from_env(model=model, served_model_name=served_model_name, host=host, port=port)
         run_server(**settings, api_key=api_key, max_queue=max_queue, allow_remote_media=allow_remote_media, **engine)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @app.command()
@@ -160,7 +152,7 @@ def quantize(
     try:
         typer.echo(str(write_quantized_folder(model, scheme, out)))
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print a table and a final JSON line.")
@@ -214,15 +206,11 @@ def bench_decode(
         )
         result = run_decode_bench(cfg, log=(lambda *_: None) if as_json else (lambda m: typer.echo(m, err=True)))
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     if not as_json:
         render_table(result)
     typer.echo(json.dumps(result))
 
-
-from fastgemma.cli.submission import submission  # noqa: E402  (these import _fail from here when run)
-from fastgemma.cli.tune import tune  # noqa: E402
-from fastgemma.cli.verify import verify  # noqa: E402
 
 app.command("verify")(verify)
 app.command("tune")(tune)

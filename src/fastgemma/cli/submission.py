@@ -13,6 +13,8 @@ from typing import Optional
 
 import typer
 
+from fastgemma.cli.errors import fail
+
 
 def submission(
     preset: Optional[Path] = typer.Option(None, "--preset", help="Engine options (a preset file; default: the defaults)."),
@@ -30,7 +32,6 @@ def submission(
 
     The challenge's job installs manifest.json's dependencies (fastgemma's requirements, pinned to the versions installed here) into a fresh venv and runs `python serve.py` in the folder, which starts `fastgemma serve $MODEL_ID --preset preset.json`.
     """
-    from fastgemma.cli.main import _fail
     from fastgemma.preset import Preset, load_preset
     from fastgemma.submission import check_submission, export_submission
 
@@ -48,4 +49,4 @@ def submission(
         chosen = Preset(model if model is not None else chosen.model, chosen.options)
         typer.echo(str(export_submission(out, chosen, served_model_name, port)))
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))

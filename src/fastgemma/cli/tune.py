@@ -13,6 +13,8 @@ from typing import Optional
 
 import typer
 
+from fastgemma.cli.errors import fail
+
 
 def tune(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder, .gguf file or hub id (default: the embedded model)."),
@@ -40,7 +42,6 @@ def tune(
 
     Each trial starts a fresh `fastgemma serve` with one configuration and measures it with the verifier's stages on the tuning sample: TPS (non-streaming chat, concurrency 1, output tokens / wall clock), greedy ids via /v1/completions against the checkpoint's plain path, PPL via prompt_logprobs against 1.05 x the unquantised plain path. Optuna's TPE sampler, study in OUT/study.db (--resume continues it). Outputs: leaderboard.md/.json, tps_over_trials.png, the winner re-verified on held-out prompts (verify-trial-NNN/; one that fails identity or PPL there gives way to the next best), preset.json for `fastgemma serve --preset`, and submission/ (manifest.json + serve.py).
     """
-    from fastgemma.cli.main import _fail
     from fastgemma.tune import TuneConfig, run_tune
 
     try:
@@ -54,7 +55,7 @@ def tune(
         )
         summary = run_tune(cfg)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         typer.echo(f"error: interrupted; the study in {out} keeps every finished trial: --resume continues it", err=True)
         raise typer.Exit(code=130)

@@ -15,6 +15,8 @@ from typing import Optional
 
 import typer
 
+from fastgemma.cli.errors import fail
+
 # The exit status tells scripts the verdict (2 stays the CLI's usage-error code).
 VERDICT_EXIT_CODES = {"VERIFIED": 0, "INVALID": 1, "PENDING": 3}
 
@@ -63,7 +65,6 @@ def verify(
 
     Stages: tps (sglang bench_serving v0.5.2 methodology, non-streaming chat, concurrency 1), audit capture (greedy ids via /v1/completions), ppl (prompt_logprobs, token-weighted), the private re-run (tps, and ppl with --private-ppl-data), then references in-process when the model is known, greedy identity and the verdict: VERIFIED, INVALID or PENDING with reasons.
     """
-    from fastgemma.cli.main import _fail
     from fastgemma.preset import load_preset
     from fastgemma.verify import QUICK, ServeOptions, VerifyConfig, run_verify
     from fastgemma.verify.report import render_table
@@ -91,7 +92,7 @@ def verify(
         )
         summary = run_verify(cfg)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         typer.echo("error: interrupted; the started server was stopped", err=True)
         raise typer.Exit(code=130)

@@ -11,7 +11,7 @@ into logits. Knows nothing of sampling, stopping or text.
 - `verify(ids, position, greedy)`: ids [K + 1] (the last token and K drafted ones) at
   positions position.. in one decode-like forward: per row the greedy token (greedy) or the
   logits, each bit for bit what `decode_greedy` / `decode` would give at that position after
-  the rows before it (engine/kv_cache.py, models/gemma.py). Needs `num_speculative_tokens`
+  the rows before it (models/kv_cache.py, models/gemma.py). Needs `num_speculative_tokens`
   spare ring slots, given at construction.
 - `last_hidden`: the final (normed) hidden rows behind the last prefill's, decode's or
   verification's logits, for drafters that read the target's state (engine/mtp.py).
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastgemma.engine.kv_cache import KVCache
+from fastgemma.models.kv_cache import KVCache
 from fastgemma.engine.static_step import StaticStep
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.towers import MultimodalInputs, MultimodalTowers

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from fastgemma.engine.kv_cache import KVCache
+from fastgemma.models.kv_cache import KVCache
 from fastgemma.models.assistant import Gemma4Assistant
 from fastgemma.models.gemma import GemmaForCausalLM
 

@@ -9,7 +9,7 @@ argmax row by row, then add the target's own token at the first mismatch (or aft
 draft token). Why the output is token-identical to plain greedy decoding, by construction:
 row i of the verification is bit for bit the logits (or screened argmax) a one-token decode
 step computes at that position — the same kernels with row-invariant reductions, every
-query attending alone over the same keys in the same order (engine/kv_cache.py,
+query attending alone over the same keys in the same order (models/kv_cache.py,
 kernels/cpu_decode_layer.c, models/gemma.py) — so while the draft agrees with the target,
 the kept tokens are exactly the plain path's, and the first disagreement is replaced by the
 plain path's token. The K/V written for rejected tokens sit at positions that are written

@@ -6,7 +6,7 @@ argmax out.
 
 Every decode-like step (a decode: 1 token; a speculative verification: K + 1 tokens) runs
 the same computation over `STATIC_ROWS` rows: the real tokens first, then padding rows (copies
-of the last real token, whose K/V go to the cache's scratch slot, engine/kv_cache.py). The
+of the last real token, whose K/V go to the cache's scratch slot, models/kv_cache.py). The
 shapes never change, so
 
 - one CUDA graph serves every step: captured at the first step, replayed after (the host
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastgemma.engine.kv_cache import KVCache
+from fastgemma.models.kv_cache import KVCache
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
 from fastgemma.models.gemma import GemmaForCausalLM
 
@@ -75,7 +75,7 @@ class StaticStep:
         assert 1 <= n <= STATIC_ROWS, f"a step holds 1..{STATIC_ROWS} tokens, got {n}"
         if start + n > self.cache.max_model_len:
             raise ValueError(f"sequence of {start + n} tokens exceeds max_model_len={self.cache.max_model_len}")
-        if n > self.cache.max_decode_like_tokens:  # the ring argument of engine/kv_cache.py
+        if n > self.cache.max_decode_like_tokens:  # the ring argument of models/kv_cache.py
             raise ValueError(f"{n} tokens in one step need {n - 1} spare ring slots; the cache has "
                              f"{self.cache.ring - self.cache.window}")
         c = self.cache

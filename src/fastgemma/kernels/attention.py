@@ -2,7 +2,7 @@
 
 `attend_decode(q, k, v, S, first, scaling)` with q: [H, 1, hd] and k, v: [Hkv, slots, hd] the
 cache buffers of one layer: the query sees the S keys in slots first, first + 1, ... (mod
-slots), which are the visible keys in position order (engine/kv_cache.py `visible_keys`).
+slots), which are the visible keys in position order (models/kv_cache.py `visible_keys`).
 On CPU with the native library it runs `cpu_attention.c` (fp32 scores, softmax and sums;
 one pass over K and V); otherwise the same maths in torch.
 """

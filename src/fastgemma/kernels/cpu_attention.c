@@ -8,7 +8,7 @@
  *   o_h = sum_j p_j v_{g,j}                   fp32, stored in the cache dtype
  * q, o: [H, hd] contiguous; k, v: [Hkv, slots, hd] (the cache buffers). Key j is the one in
  * slot (first + j) mod slots: the visible keys in position order, whether the cache is a
- * flat buffer (first = 0) or a ring that has wrapped (engine/kv_cache.py). Summing in
+ * flat buffer (first = 0) or a ring that has wrapped (models/kv_cache.py). Summing in
  * position order makes the result independent of the ring's size, so a cache with spare
  * ring slots (speculative decoding) gives the plain path's bits. One query per call;
  * OpenMP splits the heads.

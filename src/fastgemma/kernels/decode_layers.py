@@ -17,7 +17,7 @@ import ctypes
 import torch
 
 from fastgemma.kernels import native
-from fastgemma.models.layers import gelu_tanh_table
+from fastgemma.kernels.activation import gelu_tanh_table
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fastgemma.config import cpu_flags
+from fastgemma.kernels.cpu import cpu_flags
 from fastgemma.paths import cache_dir
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_quant_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_screen.c", "cpu_decode_layer.c")]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels.linear import Linear, linear
 from fastgemma.models.attention import KV
 from fastgemma.models.gemma import DecoderLayer

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgemma import kernels
-from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels.attention import attend_decode
 from fastgemma.kernels.linear import Linear
 from fastgemma.models.layers import RMSNorm, apply_rope
@@ -71,7 +71,7 @@ class Attention(nn.Module):
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, T, hd]
         if meta.in_place:
             # A fixed-shape step (engine/static_step.py): write at device-side slots, then each
-            # query over its own visible keys (engine/kv_cache.py).
+            # query over its own visible keys (models/kv_cache.py).
             if not self.kv_shared:
                 cache.scatter(self.layer_idx, k, v, meta)
             keys, values = cache.k[self.kv_source], cache.v[self.kv_source]  # [Hkv, slots + 1, hd]
@@ -87,7 +87,7 @@ class Attention(nn.Module):
                 out = attend(q, keys, values, mask, self.scaling, self.softcap, eager=True)  # [H, T, hd]
         elif native_decode:
             # Each query on its own over its visible keys, straight from the cache buffers
-            # (fastgemma's CPU kernel): the same per row for any T (engine/kv_cache.py).
+            # (fastgemma's CPU kernel): the same per row for any T (models/kv_cache.py).
             if not self.kv_shared:
                 cache.write(self.layer_idx, k, v, meta)
             keys, values = cache.k[self.kv_source], cache.v[self.kv_source]

@@ -17,7 +17,7 @@ Prefill shortcut (Gemma 4): when only some positions' hidden states are wanted (
 the KV-shared layers run on those positions only; scoring passes keep=None (all).
 Decode-like chunks (`meta.decode_like`: a decode step, or the K + 1 tokens of a speculative
 verification): every token is computed as its own one-token step would be, bit for bit —
-row-invariant native GEMVs, row-wise norms, each query attending alone (engine/kv_cache.py).
+row-invariant native GEMVs, row-wise norms, each query attending alone (models/kv_cache.py).
 Fused decode (bf16 on CPU): such a chunk runs every layer in one native call
 (kernels/decode_layers.py) with the same rounding as the loop below, bit for bit.
 Greedy tokens: `greedy_tokens(hidden)` is argmax(compute_logits(hidden)) per row; with the
@@ -34,12 +34,13 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from fastgemma.engine.kv_cache import AttentionMetadata, KVCache
+from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels import bf16_table, decode_layers, huge_pages
+from fastgemma.kernels.activation import gelu_tanh
 from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS, Linear, linear
 from fastgemma.models.attention import KV, Attention
-from fastgemma.models.layers import RMSNorm, gelu_tanh, rope_table
+from fastgemma.models.layers import RMSNorm, rope_table
 from fastgemma.models.spec import ArchSpec
 
 

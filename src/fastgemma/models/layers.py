@@ -1,4 +1,4 @@
-"""Small numerical building blocks of the Gemma decoders: RMSNorm, RoPE tables, activation.
+"""Small numerical building blocks of the Gemma decoders: RMSNorm and RoPE tables (GELU: kernels/activation.py).
 
 Each function mirrors the reference's numerics exactly (fp32 norm statistics, cos/sin cast to
 the compute dtype before rotation); the decoder composes them. No weights live here except
@@ -8,10 +8,8 @@ the norm scales, which are kept in fp32 with the family's offset already applied
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from fastgemma.kernels import bf16_table
 from fastgemma.kernels.norm import native_rms_norm
 from fastgemma.models.spec import RopeSpec
 
@@ -75,22 +73,3 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-_GELU_BF16: torch.Tensor | None = None
-
-
-def gelu_tanh_table() -> torch.Tensor:
-    """GELU (tanh) at every bf16 number [65536] (kernels/bf16_table.py)."""
-    global _GELU_BF16
-    if _GELU_BF16 is None:
-        _GELU_BF16 = bf16_table.tabulate(lambda x: F.gelu(x, approximate="tanh"))
-    return _GELU_BF16
-
-
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GELU with the tanh approximation. bf16 on CPU: a lookup in `gelu_tanh_table()`, so that
-    each value's result depends on the value only (torch's vectorised and scalar tanh differ
-    in the last bit, by where a value sits in the loop) and the fused native decode step
-    (cpu_decode_layer.c) uses the very same table."""
-    if x.dtype == torch.bfloat16 and x.device.type == "cpu":
-        return bf16_table.lookup(gelu_tanh_table(), x)
-    return F.gelu(x, approximate="tanh")

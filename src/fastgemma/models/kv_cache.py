@@ -1,7 +1,8 @@
 """The static KV cache: allocated once, written in place, never resized.
 
 Owns the K/V buffers of every layer that computes its own K/V, and the masks that say which
-cached slots a query may see. It does not own the projections or the attention maths.
+cached slots a query may see. It does not own the projections or the attention maths. It
+sits beside the model, which writes into it; the engine's runner allocates it and passes it in.
 
 Layout (one sequence at a time, so no batch dimension):
 - full layers: `[Hkv, max_model_len, hd]`, slot = position;

@@ -1,11 +1,11 @@
-"""The static KV cache's in-place description of a step (engine/kv_cache.py): each query's
+"""The static KV cache's in-place description of a step (models/kv_cache.py): each query's
 mask over a whole buffer marks exactly the slots holding the positions it may see."""
 
 from __future__ import annotations
 
 import torch
 
-from fastgemma.engine.kv_cache import KVCache
+from fastgemma.models.kv_cache import KVCache
 from fastgemma.models.spec import FULL, SLIDING, arch_spec_from_config
 from tests import tiny_models
 
