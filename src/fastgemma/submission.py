@@ -164,10 +164,8 @@ def check_submission(folder: Path) -> dict[str, Any]:
     model_id = manifest.get("model_id")
     if not isinstance(model_id, str) or not model_id:
         raise bad("model_id", "must name the model: a path inside the submission or a hub id (org/name)")
-    if not (folder / model_id).exists() and not Path(model_id).is_absolute() and looks_like_path(model_id):
+    if looks_like_path(model_id) and not (folder / model_id).exists():  # (an absolute model_id stays absolute)
         raise bad("model_id", f"is {model_id!r}: no such file or folder in the submission, and not a hub id (org/name)")
-    if Path(model_id).is_absolute() and not Path(model_id).exists():
-        raise bad("model_id", f"is {model_id!r}, which does not exist")
     if not isinstance(manifest.get("served_model_name", ""), str):
         raise bad("served_model_name", "must be a string")
     port = manifest.get("port", 8000)
