@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from fastgemma.config import EngineConfig
+from fastgemma.config import EngineConfig, spec_of
 from fastgemma.preset import Preset, load_preset, serve_option_names, write_preset
 
 
@@ -19,7 +19,7 @@ def test_round_trip(tmp_path):
 
 
 def test_option_names_are_the_engines_serve_options():
-    assert serve_option_names() == [f.name for f in fields(EngineConfig) if f.metadata["flag"]]
+    assert serve_option_names() == [f.name for f in fields(EngineConfig) if spec_of(f).flag]
     assert "device" not in serve_option_names() and "model" not in serve_option_names()
 
 

@@ -19,19 +19,19 @@ Multimodal Gemma 4 (vLLM's prompt dicts; the towers run at prefill, models/tower
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence as Seq
+from dataclasses import fields
 from typing import Any
 
 import torch
 
 from fastgemma.config import EngineConfig
-from fastgemma.kernels.cpu import physical_cores
+from fastgemma.kernels.cpu import set_cpu_threads
 from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence
-from fastgemma.kernels import native
 from fastgemma.models.towers import MultimodalInputs
 from fastgemma.multimodal.chat import split_media
 from fastgemma.multimodal.processor import MultimodalProcessor
@@ -44,39 +44,21 @@ Prompt = str | list[int] | dict[str, Any]  # dict: {"prompt" | "prompt_token_ids
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str | None = None,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        device: str | None = None,
-        prefill_chunk: int = 512,
-        kernels: str = "auto",
-        threads: int | None = None,
-        quantization: str | None = None,
-        lm_head_screen: bool = True,
-        speculative: str | None = None,
-        num_speculative_tokens: int = 4,
-        prompt_lookup_min: int = 2,
-        prompt_lookup_max: int = 4,
-        draft_model: str | None = None,
-        enforce_eager: bool = False,
-    ):
-        self.config = EngineConfig(
-            model=model, dtype=dtype, max_model_len=max_model_len, device=device, prefill_chunk=prefill_chunk,
-            kernels=kernels, threads=threads, quantization=quantization or "none", lm_head_screen=lm_head_screen,
-            speculative=speculative or "none", num_speculative_tokens=num_speculative_tokens,
-            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, draft_model=draft_model,
-            enforce_eager=enforce_eager,
-        )
-        if self.config.torch_device().type == "cpu":  # before any kernel runs
-            torch.set_num_threads(self.config.threads or physical_cores())
-        loaded = load(self.config)
-        on_cpu = self.config.torch_device().type == "cpu"
-        loaded.model.set_native_kernels(
-            on_cpu and self.config.kernels == "auto" and native.load() is not None,
-            lm_head_screen=self.config.lm_head_screen,
-        )
+    """`LLM(model=None, **options)`: the options are `EngineConfig`'s fields (config.py), by
+    name (dtype, max_model_len, quantization, speculative, ...); an option given as None
+    takes its default. `LLM.from_config(config)` takes a built `EngineConfig`."""
+
+    def __init__(self, model: str | None = None, **options: Any):
+        config = options.pop("config", None)
+        if config is None:
+            unknown = sorted(set(options) - {f.name for f in fields(EngineConfig)})
+            if unknown:
+                raise ValueError(f"unknown LLM option {unknown[0]!r}; the options are EngineConfig's fields")
+            config = EngineConfig(model=model, **{k: v for k, v in options.items() if v is not None})
+        c = self.config = config
+        if c.threads is not None and c.torch_device().type == "cpu":  # asked for: this process's threads
+            set_cpu_threads(c.threads)
+        loaded = load(c)
         self.source, self.spec, self.tokenizer = loaded.source, loaded.spec, loaded.tokenizer
         self.model = loaded.model
         self.max_model_len = loaded.max_model_len
@@ -84,7 +66,6 @@ class LLM:
         self.processor = None  # Gemma 4 image / audio preprocessing, when the checkpoint has towers
         if (towers := loaded.towers) is not None:
             self.processor = MultimodalProcessor(loaded.source.path, loaded.hf_config, towers.has_vision, towers.has_audio)
-        c = self.config
         # CUDA: every decode and verification through one fixed-shape step (a CUDA graph)
         static_steps = c.torch_device().type == "cuda" and c.kernels == "auto"
         if c.speculative != "none":
@@ -93,7 +74,7 @@ class LLM:
         # assistant also reads one position further back than a sliding query (models/assistant.py).
         spare = {"none": 0, "ngram": c.num_speculative_tokens, "mtp": c.num_speculative_tokens + 1}[c.speculative]
         self.runner = ModelRunner(
-            loaded.model, loaded.max_model_len, prefill_chunk=prefill_chunk, num_speculative_tokens=spare,
+            loaded.model, loaded.max_model_len, prefill_chunk=c.prefill_chunk, num_speculative_tokens=spare,
             towers=loaded.towers, static_steps=static_steps, enforce_eager=c.enforce_eager,
         )
         proposer: NgramProposer | MtpProposer | None = None
@@ -101,11 +82,15 @@ class LLM:
             proposer = NgramProposer(c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max)
         elif c.speculative == "mtp":
             assistant = load_assistant(
-                c.draft_model, loaded.spec, loaded.model.dtype, self.runner.device, loaded.max_model_len
+                c.draft_model, loaded.spec, loaded.model.dtype, self.runner.device, loaded.max_model_len,
+                loaded.model.kernels,
             )
-            assistant.set_native_kernels(loaded.model.use_native)
             proposer = MtpProposer(assistant, loaded.model, self.runner.cache, c.num_speculative_tokens)
         self.engine = LLMEngine(self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        return cls(config=config)
 
     @property
     def model_name(self) -> str:
@@ -256,7 +241,7 @@ def _check_speculative(model, static_steps: bool) -> None:
     """Verification is exact only where every row runs as its own decode step: the
     row-invariant native CPU kernels, or CUDA's fixed-shape step (engine/static_step.py);
     say what to change elsewhere."""
-    if not (model.use_native or static_steps):
+    if not (model.kernels.native or static_steps):
         raise ValueError(
             "speculative decoding needs fastgemma's kernels (a CPU with AVX2 + FMA, or CUDA; kernels=auto); "
             "on this configuration use speculative=none"

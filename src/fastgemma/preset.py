@@ -19,14 +19,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fastgemma.config import EngineConfig
+from fastgemma.config import EngineConfig, spec_of
 
 PRESET_VERSION = 1
 
 
 def serve_option_names() -> list[str]:
     """The `EngineConfig` options a preset (and `fastgemma serve`) can set."""
-    return [f.name for f in fields(EngineConfig) if f.metadata["flag"] is not None]
+    return [f.name for f in fields(EngineConfig) if spec_of(f).flag is not None]
 
 
 @dataclass(frozen=True)

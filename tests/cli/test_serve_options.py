@@ -4,15 +4,15 @@ line leaves at its default (the server itself is replaced by a recorder here).""
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from fastgemma.cli.main import app
-from fastgemma.config import EngineConfig
-from fastgemma.verify.config import ServeOptions
+from fastgemma.config import EngineConfig, spec_of
+from fastgemma.preset import serve_option_names
 
 runner = CliRunner()
 
@@ -23,16 +23,18 @@ def _serve_flags() -> set[str]:
 
 
 def test_every_engine_flag_is_a_serve_flag_and_a_serve_option():
-    flagged = [f for f in fields(EngineConfig) if f.metadata["flag"]]
-    assert {f.metadata["flag"] for f in flagged} <= _serve_flags()
-    assert [f.name for f in fields(ServeOptions)] == ["model", *(f.name for f in flagged)]
-    assert all(getattr(ServeOptions(), f.name) == f.default for f in flagged)
+    flagged = [f for f in fields(EngineConfig) if spec_of(f).flag]
+    assert {spec_of(f).flag for f in flagged} <= _serve_flags()
+    assert [f.name for f in flagged] == serve_option_names()
 
 
 @pytest.fixture
 def recorded(monkeypatch):
     calls: list[dict] = []
-    monkeypatch.setattr("fastgemma.server.run_server", lambda **kw: calls.append(kw))
+    def record(config, **settings):  # the engine options as run_server gets them, by name
+        calls.append({**asdict(config), **settings})
+
+    monkeypatch.setattr("fastgemma.server.run_server", record)
     monkeypatch.delenv("MODEL_ID", raising=False)
     return calls
 
@@ -81,7 +83,7 @@ def test_verify_takes_a_preset_and_flags_win(tmp_path, monkeypatch):
     serve = configs[0].serve
     assert (serve.model, serve.quantization, serve.speculative) == ("tuned/model", "int8", "ngram")
     assert serve.num_speculative_tokens == 5 and serve.prompt_lookup_max == 6
-    assert "--prompt-lookup-max" in serve.cli_args()
+    assert "--prompt-lookup-max" in serve.serve_args()
 
     result = runner.invoke(app, ["verify", "--preset", str(preset), "--url", "http://127.0.0.1:1"])
     assert result.exit_code == 2 and "give one or the other" in result.output

@@ -44,9 +44,7 @@ def test_mtp_greedy_is_identical_to_plain(name, path, drafters):
     expected = [o.token_ids for o in plain.generate(PROMPTS, params)]
     for k in (1, 4):
         spec = LLM(str(target), dtype=dtype, device="cpu", max_model_len=128, speculative="mtp",
-                   draft_model=str(assistant), num_speculative_tokens=k)
-        if path == "per-op bf16":
-            spec.model.set_native_kernels(True, fused_decode=False)
+                   draft_model=str(assistant), num_speculative_tokens=k, fused_decode=path != "per-op bf16")
         assert spec.model.fused_decode == (path == "fused bf16")
         assert [o.token_ids for o in spec.generate(PROMPTS, params)] == expected
         assert spec.engine.spec_stats.num_drafts > 0

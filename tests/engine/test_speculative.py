@@ -104,9 +104,7 @@ def test_speculative_greedy_is_identical_to_plain(name, path, request):
     expected = [o.token_ids for o in plain.generate(PROMPTS, params)]
     for k in (1, 3, 7):
         spec = LLM(str(folder), dtype=dtype, device="cpu", max_model_len=128, speculative="ngram",
-                   num_speculative_tokens=k, prompt_lookup_min=1)
-        if path == "per-op bf16":
-            spec.model.set_native_kernels(True, fused_decode=False)
+                   num_speculative_tokens=k, prompt_lookup_min=1, fused_decode=path != "per-op bf16")
         assert spec.model.fused_decode == (path == "fused bf16")
         assert [o.token_ids for o in spec.generate(PROMPTS, params)] == expected
         spec.engine.proposer = _PartlyRight({tuple(p): e for p, e in zip(PROMPTS, expected)}, k)

@@ -8,6 +8,8 @@ the plain path's argmax, ties included (lowest id), with and without softcap.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -174,9 +176,9 @@ def test_screened_greedy_decoding_is_identical(name, dtype, request):
     params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     prompts = [[1, 2, 3], list(range(5, 40)), [9] * 12]
     screened = [o.token_ids for o in llm.generate(prompts, params)]
-    model.set_native_kernels(True, lm_head_screen=False)
-    assert model.lm_head_screen is None
-    assert screened == [o.token_ids for o in llm.generate(prompts, params)]
+    full = LLM.from_config(replace(llm.config, lm_head_screen=False))
+    assert full.model.lm_head_screen is None
+    assert screened == [o.token_ids for o in full.generate(prompts, params)]
 
 
 def test_screened_greedy_is_identical_on_the_embedded_model(eval_prompts):
@@ -186,5 +188,7 @@ def test_screened_greedy_is_identical_on_the_embedded_model(eval_prompts):
     prompts = [llm.chat_prompt_ids([{"role": "user", "content": p}]) for p in eval_prompts[:3]]
     params = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
     screened = [o.token_ids for o in llm.generate(prompts, params)]
-    llm.model.set_native_kernels(True, lm_head_screen=False)
-    assert screened == [o.token_ids for o in llm.generate(prompts, params)]
+    del llm
+    full = LLM(dtype="bfloat16", lm_head_screen=False)
+    assert full.model.lm_head_screen is None
+    assert screened == [o.token_ids for o in full.generate(prompts, params)]

@@ -107,8 +107,7 @@ def test_ragged_int8_tail():
 def test_quantised_linear_prefill_and_decode_agree(scheme):
     """Large inputs use the dequantised matrix; decode-sized ones the GEMV: same values up to rounding."""
     torch.manual_seed(1)
-    layer = Linear(256, 96)
-    layer.use_native = native.load() is not None
+    layer = Linear(256, 96, native=native.load() is not None)
     w = layer.weight.detach().clone()
     layer.quantize_(scheme)
     assert not hasattr(layer, "weight") or layer.__dict__.get("weight") is None

@@ -20,7 +20,7 @@ def test_native_decode_matches_torch_kernels(name, request):
     folder = request.getfixturevalue(name)
     fast = LLM(str(folder), dtype=dtype, device="cpu", max_model_len=128)
     plain = LLM(str(folder), dtype=dtype, device="cpu", max_model_len=128, kernels="torch")
-    assert fast.model.use_native and not plain.model.use_native
+    assert fast.model.kernels.native and not plain.model.kernels.native
     params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)  # > 7 sliding windows
     prompts = [[1, 2, 3], list(range(5, 40)), [9] * 12]
     for a, b in zip(fast.generate(prompts, params), plain.generate(prompts, params)):
@@ -39,14 +39,13 @@ def test_fused_decode_layers_match_per_op_path(name, request):
     params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     prompts = [[1, 2, 3], list(range(5, 40)), [9] * 12]
     fused = [o.token_ids for o in llm.generate(prompts, params)]
-    llm.model.set_native_kernels(True, fused_decode=False)
-    assert not llm.model.fused_decode
-    per_op = [o.token_ids for o in llm.generate(prompts, params)]
+    one_op = LLM(str(folder), dtype="bfloat16", device="cpu", max_model_len=128, fused_decode=False)
+    assert not one_op.model.fused_decode
+    per_op = [o.token_ids for o in one_op.generate(prompts, params)]
     assert fused == per_op
     # And one step's logits are bit-identical (the same rounding points, the same kernels).
-    llm.runner.prefill(list(range(1, 20)))
-    a = llm.runner.decode(5, 19).float()
-    llm.model.set_native_kernels(True, fused_decode=True)
-    llm.runner.prefill(list(range(1, 20)))
-    b = llm.runner.decode(5, 19).float()
-    assert torch.equal(a, b)
+    logits = []
+    for engine in (one_op, llm):
+        engine.runner.prefill(list(range(1, 20)))
+        logits.append(engine.runner.decode(5, 19).float())
+    assert torch.equal(*logits)

@@ -8,10 +8,9 @@ from dataclasses import fields
 import optuna
 import pytest
 
-from fastgemma.config import EngineConfig
+from fastgemma.config import EngineConfig, spec_of
 from fastgemma.kernels.cpu import physical_cores
 from fastgemma.tune.space import SearchSpace, config_hash
-from fastgemma.verify.config import ServeOptions
 
 
 def _fixed(params: dict) -> optuna.trial.FixedTrial:
@@ -19,7 +18,7 @@ def _fixed(params: dict) -> optuna.trial.FixedTrial:
 
 
 def test_space_is_every_tunable_option_for_the_device():
-    tunable = [f.name for f in fields(EngineConfig) if f.metadata["tune"] is not None]
+    tunable = [f.name for f in fields(EngineConfig) if spec_of(f).tune is not None]
     cpu = SearchSpace.build("cpu")
     assert [d.name for d in cpu.dimensions] == tunable  # no second list: the metadata is the space
     cuda = SearchSpace.build("cuda")
@@ -48,7 +47,7 @@ def test_conditional_options_are_asked_only_when_they_apply():
     ngram = space.suggest(_fixed({**base, "kernels": "auto", "lm_head_screen": True, "speculative": "ngram",
                                   "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}))
     assert (ngram.speculative, ngram.num_speculative_tokens, ngram.prompt_lookup_max) == ("ngram", 8, 5)
-    assert ngram.cli_args()[ngram.cli_args().index("--num-speculative-tokens") + 1] == "8"
+    assert ngram.serve_args()[ngram.serve_args().index("--num-speculative-tokens") + 1] == "8"
 
 
 def test_a_combination_the_engine_refuses_is_invalid():
@@ -71,6 +70,6 @@ def test_default_params_are_the_engine_defaults():
 
 
 def test_config_hash_names_the_configuration():
-    a = ServeOptions(quantization="int8", speculative="ngram", num_speculative_tokens=8)
-    b = ServeOptions(speculative="ngram", num_speculative_tokens=8, quantization="int8")
-    assert config_hash(a) == config_hash(b) != config_hash(ServeOptions(quantization="int8"))
+    a = EngineConfig(quantization="int8", speculative="ngram", num_speculative_tokens=8)
+    b = EngineConfig(speculative="ngram", num_speculative_tokens=8, quantization="int8")
+    assert config_hash(a) == config_hash(b) != config_hash(EngineConfig(quantization="int8"))

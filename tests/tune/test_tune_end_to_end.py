@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
-from fastgemma.config import Tunable
 from fastgemma.preset import load_preset
 from fastgemma.submission import check_submission
 from fastgemma.tune import TuneConfig, run_tune
 from fastgemma.tune.space import Dimension, SearchSpace
-from fastgemma.verify.config import ServeOptions
+from fastgemma.config import EngineConfig, Tunable
 from fastgemma.verify.endpoint import ServeProcess, free_port
 
 
@@ -80,8 +80,8 @@ def test_resume_continues_the_same_study(tuned, tiny_text_model, small_prompts, 
 def test_planted_identity_breaker_is_never_selected(tiny_text_model, small_prompts, small_ppl, tmp_path, monkeypatch):
     # the planted bug: quantisation treated as a speed-only option, so the identity reference
     # is the unquantised model while the server quantises to int4
-    real = ServeOptions.llm_kwargs
-    monkeypatch.setattr(ServeOptions, "llm_kwargs", lambda self: {**real(self), "quantization": "none"})
+    real = EngineConfig.plain
+    monkeypatch.setattr(EngineConfig, "plain", lambda self: replace(real(self), quantization="none"))
     choices = ("none", "int4-g32")
     space = SearchSpace((Dimension("quantization", Tunable(choices=choices), choices),), model=str(tiny_text_model))
     summary = run_tune(_config(tiny_text_model, small_prompts, small_ppl, tmp_path, verify_winner=False, prune=False),

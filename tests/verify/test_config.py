@@ -1,49 +1,51 @@
-"""`ServeOptions` maps serve options onto the server's flags and the references' `LLM(...)`;
+"""An `EngineConfig` maps onto the server's flags (`serve_args`) and the references (`plain`);
 with `--quantization` the PPL reference is the unquantised model and greedy identity is
 checked against the quantised model's own plain path."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from fastgemma import LLM, SamplingParams
 from fastgemma.verify.audit import AuditPrompt
-from fastgemma.verify.config import ServeOptions
+from fastgemma.config import EngineConfig
 from fastgemma.verify.data import PplRecord
 from fastgemma.verify.reference import InProcessReference
 
 
 def test_quantization_flag_and_reference_kwargs():
-    plain = ServeOptions(model="m", dtype="float32")
-    assert "--quantization" not in plain.cli_args()
-    assert plain.llm_kwargs() == plain.unquantized_llm_kwargs()
+    plain = EngineConfig(model="m", dtype="float32")
+    assert "--quantization" not in plain.serve_args()
+    assert plain.plain() == plain.unquantized().plain()
 
-    q = ServeOptions(model="m", dtype="float32", quantization="int4-g32")
-    args = q.cli_args()
+    q = EngineConfig(model="m", dtype="float32", quantization="int4-g32")
+    args = q.serve_args()
     assert args[args.index("--quantization") + 1] == "int4-g32"
-    assert q.llm_kwargs()["quantization"] == "int4-g32"
-    assert q.unquantized_llm_kwargs() == {**q.llm_kwargs(), "quantization": "none"}
+    assert q.plain().quantization == "int4-g32"
+    assert q.unquantized().plain() == replace(q.plain(), quantization="none")
 
 
 def test_speculative_flags_reach_the_server_but_not_the_reference():
-    mtp = ServeOptions(model="m", speculative="mtp", num_speculative_tokens=6, draft_model="assistant")
-    args = mtp.cli_args()
+    mtp = EngineConfig(model="m", speculative="mtp", num_speculative_tokens=6, draft_model="assistant")
+    args = mtp.serve_args()
     assert args[args.index("--speculative") + 1 :][:5] == ["mtp", "--num-speculative-tokens", "6", "--draft-model", "assistant"]
-    assert "speculative" not in mtp.llm_kwargs() and "draft_model" not in mtp.llm_kwargs()  # identity vs plain decoding
+    assert (mtp.plain().speculative, mtp.plain().draft_model) == ("none", None)  # identity vs plain decoding
     with pytest.raises(ValueError, match="--draft-model"):
-        ServeOptions(speculative="mtp")
+        EngineConfig(speculative="mtp")
     with pytest.raises(ValueError, match="--draft-model"):
-        ServeOptions(draft_model="assistant")
+        EngineConfig(draft_model="assistant")
 
 
 def test_unknown_quantization_names_the_choices():
-    with pytest.raises(ValueError, match="invalid --quantization 'int3'.*int8, int4-g32"):
-        ServeOptions(quantization="int3")
+    with pytest.raises(ValueError, match="unknown quantization 'int3' for --quantization.*int8, int4-g32"):
+        EngineConfig(quantization="int3")
 
 
 def test_reference_scores_unquantised_and_decodes_quantised(tiny_text_model):
-    serve = ServeOptions(model=str(tiny_text_model), dtype="float32", quantization="int8")
-    ref = InProcessReference(serve.unquantized_llm_kwargs(), serve.llm_kwargs(), progress=False)
+    serve = EngineConfig(model=str(tiny_text_model), dtype="float32", quantization="int8")
+    ref = InProcessReference(serve.unquantized(), serve, progress=False)
     record = PplRecord(key="r0", context_token_ids=[2, 17, 301, 5, 88], target_token_ids=[9, 40, 7, 120])
     prompt = AuditPrompt(key="p0", prompt_token_ids=[2, 9, 9, 44, 120, 7])
 
@@ -69,7 +71,7 @@ def test_verify_starts_a_quantised_server_end_to_end(tiny_text_model, small_prom
     from fastgemma.verify.config import VerifyConfig
     from fastgemma.verify.run import run_verify
 
-    serve = ServeOptions(model=str(tiny_text_model), dtype="float32", quantization="int8")
+    serve = EngineConfig(model=str(tiny_text_model), dtype="float32", quantization="int8")
     cfg = VerifyConfig(serve=serve, prompts=small_prompts, ppl_data=small_ppl, num_prompts=2, num_private_prompts=2,
                        output_len=8, warmup=1, out=tmp_path, progress=False)
     summary = run_verify(cfg, log=lambda m: None)

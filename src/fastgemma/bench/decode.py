@@ -14,9 +14,9 @@ the drafting methods (engine/speculative.py); each pair is its own fastgemma eng
 ("fastgemma", "fastgemma int8", "fastgemma ngram", ...) in the same alternation. A
 speculative engine also reports its acceptance over the timed runs (mean acceptance length,
 per-position acceptance).
-Greedy identity: each fastgemma engine's outputs are compared, prompt by prompt, with the
-same loaded model on its plain path (one op at a time, full lm_head, no drafting: no fused
-step, no screen, no speculation); they must agree. `ppl_records` > 0 also scores that many challenge PPL records per
+Greedy identity: each fastgemma engine's outputs are compared, prompt by prompt, with its
+configuration's plain path (`EngineConfig.plain()`, loaded as a second engine after the
+timed runs: one op at a time, full lm_head, no drafting); they must agree. `ppl_records` > 0 also scores that many challenge PPL records per
 scheme and reports the PPL and its change against the unquantised model.
 """
 
@@ -32,52 +32,55 @@ from fastgemma.bench.bandwidth import read_bandwidth_gb_s
 from fastgemma.bench.cost_model import bytes_per_token
 from fastgemma.bench.engines import FastgemmaEngine, LlamaCppEngine, Timing, TransformersEngine
 from fastgemma.bench.ppl import load_ppl_records, perplexity
-from fastgemma.config import SPECULATIVE_METHODS
-from fastgemma.kernels.cpu import physical_cores
+from fastgemma.config import EngineConfig
 from fastgemma.data import PPL_FILE, PROMPTS_FILE, challenge_file
-from fastgemma.kernels.quant import QuantScheme
+from fastgemma.kernels.cpu import set_cpu_threads
 
 COMPARE_ENGINES = ("transformers", "llama.cpp")
 
 
 @dataclass(frozen=True)
 class DecodeBenchConfig:
-    model: str | None = None
-    prompts: Path | None = None  # sharegpt JSON; None = the challenge prompts beside the repo
+    engines: tuple[EngineConfig, ...] = (EngineConfig(),)  # each a fastgemma engine in the alternation
+    prompts: Path | None = None  # sharegpt JSON; None = the packaged challenge prompts
     num_prompts: int = 4
     output_len: int = 256
     compare: tuple[str, ...] = ()
-    dtype: str = "auto"
     repetitions: int = 1
     warmup: int = 1
     check_identity: bool = True
-    quantization: tuple[str, ...] = ("none",)
-    lm_head_screen: bool = True
-    speculative: tuple[str, ...] = ("none",)
-    num_speculative_tokens: int = 4
-    prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 4
-    draft_model: str | None = None  # mtp: the Gemma 4 assistant
     ppl_records: int = 0
-    ppl_data: Path | None = None  # JSONL; None = the challenge's PPL records beside the repo
+    ppl_data: Path | None = None  # JSONL; None = the packaged challenge PPL records
 
     def __post_init__(self) -> None:
-        for name in self.quantization:
-            QuantScheme.parse(name)
-        if not self.quantization or len(set(self.quantization)) != len(self.quantization):
-            raise ValueError("--quantization needs one or more distinct schemes")
-        bad = [m for m in self.speculative if m not in SPECULATIVE_METHODS]
-        if bad or not self.speculative or len(set(self.speculative)) != len(self.speculative):
-            raise ValueError(f"--speculative needs one or more distinct methods of: {', '.join(SPECULATIVE_METHODS)}")
-        if ("mtp" in self.speculative) != (self.draft_model is not None):
-            raise ValueError("--speculative mtp and --draft-model go together: give both or neither")
+        if not self.engines or len(set(self.engines)) != len(self.engines):
+            raise ValueError("--quantization and --speculative need one or more distinct values each")
+        if len({(e.model, e.dtype, e.device) for e in self.engines}) != 1:
+            raise ValueError("the engines of one bench share the model, dtype and device")
         if self.ppl_records < 0:
-            raise ValueError("--ppl-records must be >= 0")
+            raise ValueError(f"--ppl-records must be >= 0 (got {self.ppl_records})")
         unknown = [c for c in self.compare if c not in COMPARE_ENGINES]
         if unknown:
             raise ValueError(f"unknown --compare engine {unknown[0]!r}; choose from {', '.join(COMPARE_ENGINES)}")
-        if self.num_prompts < 1 or self.output_len < 2 or self.repetitions < 1 or self.warmup < 0:
-            raise ValueError("need --num-prompts >= 1, --output-len >= 2, --repetitions >= 1, --warmup >= 0")
+        for name, value, least in (("num-prompts", self.num_prompts, 1), ("output-len", self.output_len, 2),
+                                   ("repetitions", self.repetitions, 1), ("warmup", self.warmup, 0)):
+            if value < least:
+                raise ValueError(f"--{name} must be >= {least} (got {value})")
+
+    @staticmethod
+    def engine_grid(options: dict[str, Any], quantization: tuple[str, ...] = ("none",),
+                    speculative: tuple[str, ...] = ("none",)) -> tuple[EngineConfig, ...]:
+        """One engine per (scheme, method), the other options shared; `draft_model` goes to mtp."""
+        for name, values in (("quantization", quantization), ("speculative", speculative)):
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"--{name} needs one or more distinct values (got {','.join(values)!r})")
+        draft = options.get("draft_model")
+        if ("mtp" in speculative) != (draft is not None):
+            raise ValueError("--speculative mtp and --draft-model go together: give both or neither")
+        return tuple(
+            EngineConfig(**{**options, "quantization": q, "speculative": m, "draft_model": draft if m == "mtp" else None})
+            for q in quantization for m in speculative
+        )
 
 
 def load_sharegpt_prompts(path: Path, n: int) -> list[str]:
@@ -123,15 +126,9 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
 
     texts = load_sharegpt_prompts(cfg.prompts or challenge_file(PROMPTS_FILE), cfg.num_prompts)
     records = load_ppl_records(cfg.ppl_data or challenge_file(PPL_FILE), cfg.ppl_records) if cfg.ppl_records else []
-    llms = [
-        LLM(
-            model=cfg.model, dtype=cfg.dtype, quantization=q, lm_head_screen=cfg.lm_head_screen, speculative=method,
-            num_speculative_tokens=cfg.num_speculative_tokens, prompt_lookup_min=cfg.prompt_lookup_min,
-            prompt_lookup_max=cfg.prompt_lookup_max, draft_model=cfg.draft_model if method == "mtp" else None,
-        )
-        for q in cfg.quantization
-        for method in cfg.speculative
-    ]
+    if cfg.engines[0].torch_device().type == "cpu":
+        set_cpu_threads(cfg.engines[0].cpu_threads())  # once, before any engine loads
+    llms = [LLM.from_config(engine) for engine in cfg.engines]
     llm = llms[0]
     prompts = [llm.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts]
     max_len = max(map(len, prompts)) + cfg.output_len + 1
@@ -146,7 +143,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
             elif llm.source.kind != "gguf":
                 notes.append("llama.cpp skipped: it needs a GGUF model")
             else:
-                engines.append(LlamaCppEngine(llm.source.path, max_len, physical_cores()))
+                engines.append(LlamaCppEngine(llm.source.path, max_len, cfg.engines[0].cpu_threads()))
         except ImportError as e:
             notes.append(f"{name} skipped: {e.name or e} not installed (pip install 'fastgemma[compare]')")
     for note in notes:
@@ -190,22 +187,17 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         params = SamplingParams(max_tokens=cfg.output_len, temperature=0.0, ignore_eos=True)
         identity = {"checked": True}
         for name, m in ours.items():
-            m.model.set_native_kernels(m.model.use_native, fused_decode=False, lm_head_screen=False)
-            proposer, m.engine.proposer = m.engine.proposer, None  # the plain path drafts nothing
-            if m.runner.static is not None:  # CUDA: the fixed-shape step without its graph
-                m.runner.static.use_graph = False
+            plain = LLM.from_config(m.config.plain())  # a second engine: the live one is not touched
             first_diff = []
             for i, ids in enumerate(prompts):
-                ref = m.generate([ids], params)[0].token_ids
+                ref = plain.generate([ids], params)[0].token_ids
                 first_diff.append(next((j for j, (a, b) in enumerate(zip(outputs[name][i], ref)) if a != b), None))
-            m.engine.proposer = proposer
-            if m.runner.static is not None:
-                m.runner.static.use_graph = not m.config.enforce_eager
+            del plain
             identity[name] = {
                 "identical_prompts": sum(d is None for d in first_diff), "prompts": len(prompts), "first_divergence": first_diff
             }
     if records:
-        reference = ours.get("fastgemma") or LLM(model=cfg.model, dtype=cfg.dtype)
+        reference = ours.get("fastgemma") or LLM.from_config(cfg.engines[0].plain().unquantized())
         ref_ppl, n_tokens = perplexity(reference, records)
         for name, m in ours.items():
             ppl = ref_ppl if m is reference else perplexity(m, records)[0]
@@ -216,8 +208,8 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         "bytes_per_token": step_bytes,
         "model": llm.model_name,
         "dtype": str(dtype).removeprefix("torch."),
-        "kernels": "native" if llm.model.use_native else "torch",
-        "threads": physical_cores(),
+        "kernels": "native" if llm.model.kernels.native else "torch",
+        "threads": cfg.engines[0].cpu_threads(),
         "num_prompts": len(prompts),
         "output_len": cfg.output_len,
         "repetitions": cfg.repetitions,

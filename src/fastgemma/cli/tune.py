@@ -8,17 +8,38 @@ leaderboard, preset and submission folder are, or with `--json` the summary as t
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from fastgemma.cli.errors import fail
+from fastgemma.config import EngineConfig, spec_of
+
+
+def tune_help() -> str:
+    """`fastgemma tune --help`: the searched options come from their declarations (config.py)."""
+    searched = [f.name for f in fields(EngineConfig) if spec_of(f).tune is not None]
+    fixed = [f.name for f in fields(EngineConfig) if spec_of(f).tune is None and spec_of(f).flag is not None]
+    return (
+        f"Search {', '.join(searched)} for the highest TPS under the constraints PPL <= cap and greedy identity "
+        f"(not searched: {', '.join(fixed)}).\n\n"
+        "Each trial starts a fresh `fastgemma serve` with one configuration and measures it with the verifier's stages "
+        "on the tuning sample: TPS (non-streaming chat, concurrency 1, output tokens / wall clock), greedy ids via "
+        "/v1/completions against the configuration's plain path, PPL via prompt_logprobs against 1.05 x the unquantised "
+        "plain path. Optuna's TPE sampler, study in OUT/study.db (--resume continues it). Outputs: leaderboard.md/.json, "
+        "tps_over_trials.png, the winner re-verified on held-out prompts (verify-trial-NNN/; one that fails identity or "
+        "PPL there gives way to the next best), preset.json for `fastgemma serve --preset`, and submission/ "
+        "(manifest.json + serve.py)."
+    )
 
 
 def tune(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder, .gguf file or hub id (default: the embedded model)."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="A Gemma 4 assistant: adds speculative=mtp to the space."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=spec_of(EngineConfig.__dataclass_fields__["model"]).help),
+    draft_model: Optional[str] = typer.Option(
+        None, "--draft-model", help=spec_of(EngineConfig.__dataclass_fields__["draft_model"]).help + " Adds speculative=mtp to the space."
+    ),
     budget_trials: Optional[int] = typer.Option(None, "--budget-trials", help="Configurations measured in the study at most (default 20 without --budget-minutes)."),
     budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Wall time of the search at most (the winner's re-verification comes after)."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="sharegpt JSON (default: the challenge prompts)."),
@@ -38,10 +59,6 @@ def tune(
     ready_timeout: float = typer.Option(600.0, "--ready-timeout", help="Seconds to wait for each trial's server."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary object as the last stdout line."),
 ) -> None:
-    """Search dtype, quantisation, lm_head screen, speculative method and K, kernels, threads and prefill chunk for the highest TPS under the constraints PPL <= cap and greedy identity.
-
-    Each trial starts a fresh `fastgemma serve` with one configuration and measures it with the verifier's stages on the tuning sample: TPS (non-streaming chat, concurrency 1, output tokens / wall clock), greedy ids via /v1/completions against the checkpoint's plain path, PPL via prompt_logprobs against 1.05 x the unquantised plain path. Optuna's TPE sampler, study in OUT/study.db (--resume continues it). Outputs: leaderboard.md/.json, tps_over_trials.png, the winner re-verified on held-out prompts (verify-trial-NNN/; one that fails identity or PPL there gives way to the next best), preset.json for `fastgemma serve --preset`, and submission/ (manifest.json + serve.py).
-    """
     from fastgemma.tune import TuneConfig, run_tune
 
     try:

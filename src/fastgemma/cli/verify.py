@@ -1,6 +1,7 @@
 """`fastgemma verify`: the challenge's measurements against an endpoint, and a verdict.
 
-Flags map one to one onto `fastgemma.verify.VerifyConfig`; `--quick` fills the sizes it
+Flags map one to one onto `fastgemma.verify.VerifyConfig`; the serve options are the
+engine's own (cli/options.py) and make its `serve` config; `--quick` fills the sizes it
 implies (`QUICK`) where they are not given. Bad input prints one `error: ...` line and exits
 with code 2 (the CLI's convention); a run prints the verdict table, or with `--json` the
 summary object as the last stdout line, and exits with the verdict: 0 VERIFIED, 1 INVALID,
@@ -11,34 +12,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from fastgemma.cli.errors import fail
+from fastgemma.cli.options import engine_options
 
 # The exit status tells scripts the verdict (2 stays the CLI's usage-error code).
 VERDICT_EXIT_CODES = {"VERIFIED": 0, "INVALID": 1, "PENDING": 3}
 
 
+@engine_options()
 def verify(
     url: Optional[str] = typer.Option(None, "--url", help="A running OpenAI-compatible endpoint (ours, vLLM, SGLang)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Start `fastgemma serve MODEL` (default: the embedded model)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Serve option: auto | bfloat16 | float32."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Serve option: prompt + output tokens."),
-    quantization: Optional[str] = typer.Option(
-        None, "--quantization", "-q",
-        help="Serve option: none | int8 | int4-g32 | int4-g128 at load; PPL is capped against the unquantised model.",
-    ),
-    speculative: Optional[str] = typer.Option(
-        None, "--speculative", help="Serve option: none | ngram | mtp; identity is checked against plain decoding."
-    ),
-    draft_model: Optional[str] = typer.Option(
-        None, "--draft-model", help="Serve option, with --speculative mtp: the Gemma 4 assistant folder or hub id."
-    ),
-    num_speculative_tokens: Optional[int] = typer.Option(
-        None, "--num-speculative-tokens", "-k", help="Serve option: tokens drafted per step (default 4)."
-    ),
     preset: Optional[Path] = typer.Option(
         None, "--preset", help="Serve options from a preset (`fastgemma tune`); the serve flags here override it."
     ),
@@ -60,13 +48,15 @@ def verify(
     ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Seconds to wait for GET /v1/models."),
     quick: bool = typer.Option(False, "--quick", help="4 + 4 prompts, 64 tokens, 2 PPL records, 1 warm-up."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary object as the last stdout line, no table."),
+    options: dict[str, Any] | None = None,
 ) -> None:
     """Measure TPS, PPL and greedy identity as the challenge does, re-run on private prompts, give a verdict.
 
     Stages: tps (sglang bench_serving v0.5.2 methodology, non-streaming chat, concurrency 1), audit capture (greedy ids via /v1/completions), ppl (prompt_logprobs, token-weighted), the private re-run (tps, and ppl with --private-ppl-data), then references in-process when the model is known, greedy identity and the verdict: VERIFIED, INVALID or PENDING with reasons.
     """
     from fastgemma.preset import load_preset
-    from fastgemma.verify import QUICK, ServeOptions, VerifyConfig, run_verify
+    from fastgemma.config import EngineConfig
+    from fastgemma.verify import QUICK, VerifyConfig, run_verify
     from fastgemma.verify.report import render_table
 
     sizes = QUICK if quick else {"output_len": 512, "warmup": 4}
@@ -74,16 +64,16 @@ def verify(
              "num_ppl_records": num_ppl_records, "output_len": output_len, "warmup": warmup}
     chosen = {k: (v if v is not None else sizes.get(k)) for k, v in given.items()}
     try:
-        flags = {"model": model, "dtype": dtype, "max_model_len": max_model_len, "quantization": quantization,
-                 "speculative": speculative, "num_speculative_tokens": num_speculative_tokens, "draft_model": draft_model}
-        if url is not None and (preset is not None or any(v is not None for v in flags.values())):
+        given = dict(options or {})
+        if url is not None and (preset is not None or model is not None or given):
             raise ValueError(
-                "--url uses a running endpoint; --model, --preset, --dtype, --max-model-len, --quantization and "
-                "--speculative start one: give one or the other"
+                "--url uses a running endpoint; --model, --preset and the serve options "
+                f"({', '.join('--' + k.replace('_', '-') for k in given) or 'e.g. --dtype'}) start one: give one or the other"
             )
         loaded = load_preset(preset) if preset is not None else None
-        base = {"model": loaded.model, **loaded.options} if loaded is not None else {}
-        serve = ServeOptions(**{**base, **{k: v for k, v in flags.items() if v is not None}})
+        if loaded is not None:  # a flag given here wins over the preset
+            model, given = (model if model is not None else loaded.model), {**loaded.options, **given}
+        serve = EngineConfig(model=model, **given)
         cfg = VerifyConfig(
             url=url, serve=serve, api_key=api_key, prompts=prompts, ppl_data=ppl_data,
             private_prompts=private_prompts, private_ppl_data=private_ppl_data, seed=seed,

@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Which kernels a model is built with; fixed at construction (models/gemma.py).
+
+    `native`: fastgemma's CPU kernels (GEMV, norm, attention) for decode-sized inputs, on
+    the plain and the fast path alike (they round differently from torch's, so they are
+    part of the model's numbers). `fused_decode`: a bf16 decode step's layers in one native
+    call (kernels/decode_layers.py). `lm_head_screen`: greedy tokens through the exact int8
+    screen (kernels/lm_head_screen.py). The last two are exact: they give the plain path's
+    tokens, and apply only with `native` where the model supports them.
+    """
+
+    native: bool = False
+    fused_decode: bool = False
+    lm_head_screen: bool = False
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""What this CPU offers: its physical cores and feature flags (from /proc/cpuinfo).
+"""What this CPU offers: its physical cores and feature flags (from /proc/cpuinfo), and
+the process's thread count.
 
 The lowest layer: the native kernels' build (native.py) and the engine's defaults
 (config.py) both read it; it imports nothing of fastgemma.
@@ -7,6 +8,8 @@ The lowest layer: the native kernels' build (native.py) and the engine's default
 from __future__ import annotations
 
 import os
+
+import torch
 
 
 def physical_cores() -> int:
@@ -38,3 +41,10 @@ def cpu_flags() -> set[str]:
 def cpu_has_fast_bf16() -> bool:
     """AVX-512 BF16 or AMX: the CPU multiplies bf16 natively."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def set_cpu_threads(n: int) -> None:
+    """torch's intra-op threads for this process. Called once where a process starts
+    (`fastgemma serve`, `bench decode`, `generate`), or by `LLM(threads=N)`."""
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)

@@ -2,8 +2,8 @@
 
 Batch-1 decode multiplies one row by every weight matrix; torch's stock CPU kernels reach a
 third of the memory bandwidth there, `cpu_gemv.c` most of it. Which kernel runs is a
-property of the model (`use_native`), the same for the plain and the fast path, so both
-round identically. Inputs of up to `NATIVE_MAX_ROWS` rows (a decode step, a speculative
+property of the model, fixed when it is built (`KernelChoice.native`), the same for the
+plain and the fast path, so both round identically. Inputs of up to `NATIVE_MAX_ROWS` rows (a decode step, a speculative
 verification) use the GEMV, which gives each row the same bits whatever the row count;
 larger ones (prefill, scoring) and other devices use torch.
 
@@ -52,11 +52,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, use_native: bool) -> torch.Ten
 class Linear(nn.Linear):
     """nn.Linear without bias whose forward picks the kernel above (or the quantised one)."""
 
-    use_native: bool = False
     scheme: QuantScheme | None = None  # set by quantize_; then `weight` is gone
 
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, native: bool = False):
         super().__init__(in_features, out_features, bias=False)
+        self.use_native = native  # decode-sized CPU inputs through the native GEMVs
 
     def quantize_(
         self,

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fastgemma.models.kv_cache import AttentionMetadata, KVCache
+from fastgemma.kernels import KernelChoice
 from fastgemma.kernels.linear import Linear, linear
+from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.models.attention import KV
 from fastgemma.models.gemma import DecoderLayer
 from fastgemma.models.layers import RMSNorm, rope_table
@@ -80,18 +81,21 @@ class AssistantSpec:
 
 
 class Gemma4Assistant(nn.Module):
-    def __init__(self, spec: AssistantSpec, max_model_len: int):
+    def __init__(self, spec: AssistantSpec, max_model_len: int, kernels: KernelChoice = KernelChoice()):
         super().__init__()
         self.spec = spec
+        # fastgemma's GEMV and norm kernels for the one-row linears, as the target's (attention
+        # stays torch's: the keys are the target's, cut by `context_kv`)
+        native = self.use_native = kernels.native
         t = spec.text
         Da, Db, V = t.hidden_size, spec.backbone_hidden_size, t.vocab_size
         self.embed_tokens = nn.Embedding(V, Da)  # used only as the tied lm_head
-        self.layers = nn.ModuleList(DecoderLayer(t, i) for i in range(t.num_layers))
-        self.norm = RMSNorm(Da, t.rms_norm_eps, use_rsqrt=False)
-        self.pre_projection = Linear(2 * Db, Da)
-        self.post_projection = Linear(Da, Db)
+        self.layers = nn.ModuleList(DecoderLayer(t, i, native, native_attention=False) for i in range(t.num_layers))
+        self.norm = RMSNorm(Da, t.rms_norm_eps, use_rsqrt=False, native=native)
+        self.pre_projection = Linear(2 * Db, Da, native)
+        self.post_projection = Linear(Da, Db, native)
         if spec.num_centroids is not None:
-            self.centroids = Linear(Da, spec.num_centroids)
+            self.centroids = Linear(Da, spec.num_centroids, native)
             self.token_ordering = nn.Buffer(torch.zeros(V, dtype=torch.long))
         self.rope_cos, self.rope_sin = {}, {}
         for layer in t.layers:
@@ -99,21 +103,11 @@ class Gemma4Assistant(nn.Module):
                 cos, sin = rope_table(t.rope[layer.layer_type], layer.head_dim, max_model_len)
                 self.rope_cos[layer.layer_type], self.rope_sin[layer.layer_type] = cos, sin
 
-    use_native = False
-
     def to_device(self, device: torch.device) -> Gemma4Assistant:
         self.to(device)
         self.rope_cos = {k: v.to(device) for k, v in self.rope_cos.items()}
         self.rope_sin = {k: v.to(device) for k, v in self.rope_sin.items()}
         return self
-
-    def set_native_kernels(self, enabled: bool) -> None:
-        """fastgemma's GEMV and norm kernels for the one-row linears (attention stays torch's:
-        the keys are the target's, cut by `context_kv`)."""
-        self.use_native = enabled
-        for module in self.modules():
-            if isinstance(module, (Linear, RMSNorm)):
-                module.use_native = enabled
 
     def context_kv(self, target_spec: ArchSpec, cache: KVCache, position: int) -> dict[str, KV]:
         """Layer type -> the target's K/V [Hkv, S, hd] a query at `position` sees (module docstring)."""

@@ -22,10 +22,9 @@ KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class Attention(nn.Module):
-    use_native = False  # single-query attention through kernels/cpu_attention.c (set by the model)
-
-    def __init__(self, spec: ArchSpec, layer_idx: int):
+    def __init__(self, spec: ArchSpec, layer_idx: int, native: bool = False):
         super().__init__()
+        self.use_native = native  # single-query attention through kernels/cpu_attention.c
         layer = spec.layers[layer_idx]
         self.layer_idx, self.kv_shared, self.k_eq_v = layer_idx, layer.kv_shared, layer.k_eq_v
         self.layer_type, self.kv_source, self.is_sliding = layer.layer_type, layer.kv_source, layer.is_sliding
@@ -36,14 +35,14 @@ class Attention(nn.Module):
         # Fused projection rows: [q | k | v]; a shared layer has only q, a k_eq_v layer no v.
         self.q_size, self.kv_size = q_out, (0 if self.kv_shared else kv_out)
         num_v = 0 if (self.kv_shared or self.k_eq_v) else kv_out
-        self.qkv_proj = Linear(spec.hidden_size, q_out + self.kv_size + num_v)
-        self.o_proj = Linear(q_out, spec.hidden_size)
+        self.qkv_proj = Linear(spec.hidden_size, q_out + self.kv_size + num_v, native)
+        self.o_proj = Linear(q_out, spec.hidden_size, native)
         use_rsqrt = spec.family == "gemma3"
         eps = spec.rms_norm_eps
-        self.q_norm = RMSNorm(self.head_dim, eps, use_rsqrt=use_rsqrt)
-        self.k_norm = None if self.kv_shared else RMSNorm(self.head_dim, eps, use_rsqrt=use_rsqrt)
+        self.q_norm = RMSNorm(self.head_dim, eps, use_rsqrt=use_rsqrt, native=native)
+        self.k_norm = None if self.kv_shared else RMSNorm(self.head_dim, eps, use_rsqrt=use_rsqrt, native=native)
         self.v_norm = (
-            RMSNorm(self.head_dim, eps, with_scale=False, use_rsqrt=use_rsqrt)
+            RMSNorm(self.head_dim, eps, with_scale=False, use_rsqrt=use_rsqrt, native=native)
             if spec.v_norm and not self.kv_shared
             else None
         )

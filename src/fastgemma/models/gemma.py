@@ -37,6 +37,7 @@ from torch import nn
 from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels import bf16_table, decode_layers, huge_pages
 from fastgemma.kernels.activation import gelu_tanh
+from fastgemma.kernels import KernelChoice
 from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS, Linear, linear
 from fastgemma.models.attention import KV, Attention
@@ -47,11 +48,11 @@ from fastgemma.models.spec import ArchSpec
 class MLP(nn.Module):
     """down(gelu_tanh(gate(x)) * up(x)) with gate and up fused into one matmul."""
 
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, native: bool = False):
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = Linear(hidden, 2 * intermediate)
-        self.down_proj = Linear(intermediate, hidden)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, native)
+        self.down_proj = Linear(intermediate, hidden, native)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] each
@@ -59,22 +60,22 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ArchSpec, layer_idx: int):
+    def __init__(self, spec: ArchSpec, layer_idx: int, native: bool = False, native_attention: bool | None = None):
         super().__init__()
         D, eps = spec.hidden_size, spec.rms_norm_eps
         rsqrt = spec.family == "gemma3"
-        self.self_attn = Attention(spec, layer_idx)
-        self.mlp = MLP(D, spec.layers[layer_idx].intermediate_size)
-        self.input_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
-        self.post_attention_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
-        self.pre_feedforward_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
-        self.post_feedforward_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt)
+        self.self_attn = Attention(spec, layer_idx, native if native_attention is None else native_attention)
+        self.mlp = MLP(D, spec.layers[layer_idx].intermediate_size, native)
+        self.input_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt, native=native)
+        self.post_attention_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt, native=native)
+        self.pre_feedforward_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt, native=native)
+        self.post_feedforward_layernorm = RMSNorm(D, eps, use_rsqrt=rsqrt, native=native)
         self.has_ple = spec.per_layer_input_size > 0
         if self.has_ple:
             P = spec.per_layer_input_size
-            self.per_layer_input_gate = Linear(D, P)
-            self.per_layer_projection = Linear(P, D)
-            self.post_per_layer_input_norm = RMSNorm(D, eps, use_rsqrt=rsqrt)
+            self.per_layer_input_gate = Linear(D, P, native)
+            self.per_layer_projection = Linear(P, D, native)
+            self.post_per_layer_input_norm = RMSNorm(D, eps, use_rsqrt=rsqrt, native=native)
         # Gemma 4 stores a per-layer output scale in the checkpoint; Gemma 3 has none (1).
         self.layer_scalar = nn.Buffer(torch.ones(1)) if spec.family == "gemma4" else None
 
@@ -100,19 +101,21 @@ class DecoderLayer(nn.Module):
 
 
 class GemmaForCausalLM(nn.Module):
-    def __init__(self, spec: ArchSpec, max_model_len: int):
+    def __init__(self, spec: ArchSpec, max_model_len: int, kernels: KernelChoice = KernelChoice()):
         super().__init__()
         self.spec = spec
+        self.kernels = kernels  # asked for; `build_kernels` settles where each applies
+        native = self.use_native = kernels.native
         D, V = spec.hidden_size, spec.vocab_size
         self.embed_tokens = nn.Embedding(V, D)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(D, spec.rms_norm_eps, use_rsqrt=spec.family == "gemma3")
-        self.lm_head = None if spec.tie_word_embeddings else Linear(D, V)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, native) for i in range(spec.num_layers))
+        self.norm = RMSNorm(D, spec.rms_norm_eps, use_rsqrt=spec.family == "gemma3", native=native)
+        self.lm_head = None if spec.tie_word_embeddings else Linear(D, V, native)
         P, L = spec.per_layer_input_size, spec.num_layers
         if P:
             self.embed_tokens_per_layer = nn.Embedding(spec.vocab_size_per_layer_input, L * P)
-            self.per_layer_model_projection = Linear(D, L * P)
-            self.per_layer_projection_norm = RMSNorm(P, spec.rms_norm_eps, use_rsqrt=False)
+            self.per_layer_model_projection = Linear(D, L * P, native)
+            self.per_layer_projection_norm = RMSNorm(P, spec.rms_norm_eps, use_rsqrt=False, native=native)
         # RoPE tables per layer type (fp32), sliced by position and cast at use.
         self.rope_cos, self.rope_sin = {}, {}
         for layer in spec.layers:
@@ -128,29 +131,21 @@ class GemmaForCausalLM(nn.Module):
         self.rope_sin = {k: v.to(device) for k, v in self.rope_sin.items()}
         return self
 
-    use_native = False
     fused_decode = False  # bf16 CPU decode: all layers in one native call (kernels/decode_layers.py)
     _decode_layers = None
     lm_head_screen: LmHeadScreen | None = None
     _softcap_table: torch.Tensor | None = None
 
-    def set_native_kernels(self, enabled: bool, fused_decode: bool = True, lm_head_screen: bool = True) -> None:
-        """Use fastgemma's CPU kernels for single-token steps (kernels/); `fused_decode` runs
-        a bf16 decode step's layers in one native call where supported; `lm_head_screen`
-        picks greedy tokens through the exact int8 screen where supported."""
-        self.use_native = enabled
-        if enabled:
+    def build_kernels(self) -> GemmaForCausalLM:
+        """Once the weights are in place (the loader calls it): what `kernels` asks for,
+        where the model supports it: the layers in huge pages for the native kernels, the
+        fused decode step (bf16 CPU), the exact lm_head screen (CPU, monotone rounding)."""
+        if self.use_native:
             self._layers_in_huge_pages()
-        self.fused_decode = enabled and fused_decode and decode_layers.supported(self)
-        self._decode_layers = None
-        for module in self.modules():
-            if isinstance(module, (Linear, Attention, RMSNorm)):
-                module.use_native = enabled
-        screen = enabled and lm_head_screen and self.screen_supported()
-        if not screen:
-            self.lm_head_screen = None
-        elif self.lm_head_screen is None:
+        self.fused_decode = self.kernels.fused_decode and self.use_native and decode_layers.supported(self)
+        if self.kernels.lm_head_screen and self.screen_supported():
             self.lm_head_screen = LmHeadScreen(self.lm_head_weight(), self.finalize_logits)
+        return self
 
     _in_huge_pages = False
 

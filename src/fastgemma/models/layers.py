@@ -26,12 +26,11 @@ class RMSNorm(nn.Module):
     Gemma 3 uses rsqrt, Gemma 4 pow(-0.5): both kept so results match bit for bit.
     """
 
-    def __init__(self, dim: int, eps: float, with_scale: bool = True, use_rsqrt: bool = True):
+    def __init__(self, dim: int, eps: float, with_scale: bool = True, use_rsqrt: bool = True, native: bool = False):
         super().__init__()
         self.eps, self.use_rsqrt = eps, use_rsqrt
         self.scale = nn.Buffer(torch.ones(dim, dtype=torch.float32)) if with_scale else None
-
-    use_native = False  # kernels/cpu_norm.c for decode-sized inputs (set by the model)
+        self.use_native = native  # kernels/cpu_norm.c for decode-sized inputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_native and x.numel() <= _NATIVE_MAX_NUMEL and (y := native_rms_norm(x, self.scale, self.eps)) is not None:

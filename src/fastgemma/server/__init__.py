@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server over `fastgemma.LLM` (`fastgemma serve`).
 
 - `build_app(llm, ...)`: the FastAPI app (routes in `app.py`, schemas in `protocol.py`);
-- `run_server(model, host, port, ...)`: load the model and serve it with uvicorn (`serve.py`);
+- `run_server(config, host, port, ...)`: load the model and serve it with uvicorn (`serve.py`);
 - `ServerThread(llm, ...)`: the same app on a background thread (tests, benchmarks).
 
 All engine work runs on one worker thread, one request at a time, in arrival order

@@ -1,12 +1,11 @@
 """Run the server: `run_server(...)` (what `fastgemma serve` calls) and `ServerThread` (tests).
 
-    run_server(model=None, host="127.0.0.1", port=8000, served_model_name=None,
-               api_key=None, max_queue=64, **engine_options)
+    run_server(config=EngineConfig(model=..., dtype=..., ...), host="127.0.0.1", port=8000,
+               served_model_name=None, api_key=None, max_queue=64)
 
-`engine_options` are `LLM(...)` / `EngineConfig` options (dtype, quantization, speculative, ...).
-
-`settings_from_env` fills unset options from the environment (`MODEL_ID`,
-`SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
+`run_server` is where a `fastgemma serve` process starts: it sets the CPU thread count
+once, then loads the engine. `settings_from_env` fills unset settings from the environment
+(`MODEL_ID`, `SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
 """
 
 from __future__ import annotations
@@ -17,6 +16,9 @@ import socket
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from fastgemma.config import EngineConfig
+from fastgemma.kernels.cpu import set_cpu_threads
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -34,7 +36,7 @@ def settings_from_env(
 ) -> dict[str, Any]:
     """Explicit values win; else $MODEL_ID, $SERVED_MODEL_NAME, $HOST, $PORT; else defaults.
 
-    Returns keyword arguments for `run_server` (model, served_model_name, host, port).
+    Returns the model and keyword arguments for `run_server` (served_model_name, host, port).
     Raises ValueError for a PORT that is not an integer in [0, 65535].
     """
     env = os.environ if environ is None else environ
@@ -54,7 +56,7 @@ def settings_from_env(
 
 
 def run_server(
-    model: str | None = None,
+    config: EngineConfig | None = None,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     served_model_name: str | None = None,
@@ -62,13 +64,10 @@ def run_server(
     max_queue: int = DEFAULT_MAX_QUEUE,
     log_level: str = "info",
     allow_remote_media: bool = False,
-    **engine_options: Any,
 ) -> None:
-    """Load the model with `LLM(model, **engine_options)` and serve it until interrupted (blocking).
-    `allow_remote_media`: fetch http(s) image URLs in chat content parts (off by default).
-
-    Raises ValueError for a bad model, engine option or max_queue (before binding).
-    """
+    """Load the engine `config` describes (None: the defaults) and serve it until interrupted
+    (blocking). `allow_remote_media`: fetch http(s) image URLs in chat content parts (off by
+    default). Raises ValueError for a bad model or max_queue (before binding)."""
     import uvicorn
 
     from fastgemma import LLM
@@ -76,7 +75,10 @@ def run_server(
 
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
-    llm = load_on_passing_thread(lambda: LLM(model=model, **engine_options))
+    config = config or EngineConfig()
+    if config.torch_device().type == "cpu":
+        set_cpu_threads(config.cpu_threads())  # once, before any kernel runs
+    llm = load_on_passing_thread(lambda: LLM.from_config(config))
     app = build_app(
         llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
         allow_remote_media=allow_remote_media,

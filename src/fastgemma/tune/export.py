@@ -10,19 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fastgemma.config import EngineConfig
 from fastgemma.preset import Preset, write_preset
 from fastgemma.submission import export_submission
-from fastgemma.verify.config import ServeOptions
 
 
-def winner_preset(options: ServeOptions) -> Preset:
+def winner_preset(options: EngineConfig) -> Preset:
     return Preset(options.model, options.changed())
 
 
-def export_preset(path: Path, options: ServeOptions, measured: dict[str, Any]) -> Path:
+def export_preset(path: Path, options: EngineConfig, measured: dict[str, Any]) -> Path:
     return write_preset(path, winner_preset(options), measured)
 
 
-def export_winner_submission(folder: Path, options: ServeOptions, served_model_name: str,
+def export_winner_submission(folder: Path, options: EngineConfig, served_model_name: str,
                              measured: dict[str, Any]) -> Path:
     return export_submission(folder, winner_preset(options), served_model_name, measured=measured, replace=True)

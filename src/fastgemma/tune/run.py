@@ -29,7 +29,6 @@ from fastgemma.tune.study import measured_trials, open_study, outcome_of, ranked
 from fastgemma.tune.trial import Outcome, Sample, evaluate
 from fastgemma.verify import VerifyConfig, run_verify
 from fastgemma.verify.audit import audit_prompts
-from fastgemma.verify.config import ServeOptions
 from fastgemma.verify.data import load_ppl_records, load_prompts, public_and_held_out, take
 
 
@@ -63,12 +62,12 @@ def run_tune(cfg: TuneConfig, space: SearchSpace | None = None, log: Any = _stde
     log("search space: " + "; ".join(space.describe()))
     refs = References(cfg.out / "references", sample.audit, sample.records, cfg.output_len, cfg.progress)
 
-    def measure(options: ServeOptions, number: int, best_tps: float | None) -> Outcome:
+    def measure(options: EngineConfig, number: int, best_tps: float | None) -> Outcome:
         folder = cfg.out / "trials" / f"{number:03d}-{config_hash(options)}"
         outcome = evaluate(options, sample, refs, folder, cfg.ready_timeout_s, prune_at_or_below=best_tps if cfg.prune else None)
         (folder / "trial.json").parent.mkdir(parents=True, exist_ok=True)
         (folder / "trial.json").write_text(json.dumps(
-            {"trial": number, "serve_args": options.cli_args(), "options": options.changed(), **outcome.to_dict()},
+            {"trial": number, "serve_args": options.serve_args(), "options": options.changed(), **outcome.to_dict()},
             indent=1, default=str) + "\n")
         return outcome
 
@@ -87,7 +86,7 @@ def run_tune(cfg: TuneConfig, space: SearchSpace | None = None, log: Any = _stde
         if not cfg.verify_winner:
             chosen = trial
             break
-        log(f"re-verifying trial {trial.number} on held-out prompts (fastgemma verify): {' '.join(options.cli_args())}")
+        log(f"re-verifying trial {trial.number} on held-out prompts (fastgemma verify): {' '.join(options.serve_args())}")
         verified = _reverify(cfg, options, refs.ppl(options), cfg.out / f"verify-trial-{trial.number:03d}", log)
         unfaithful = [c["detail"] for c in verified["checks"] if c["name"] in FAITHFULNESS_CHECKS and c["status"] == "fail"]
         if not unfaithful:
@@ -106,8 +105,8 @@ def run_tune(cfg: TuneConfig, space: SearchSpace | None = None, log: Any = _stde
 
     options, outcome = space.options(dict(chosen.params)), outcome_of(chosen)
     summary["winner"] = {"trial": chosen.number, "hash": chosen.user_attrs["hash"], "options": options.changed(),
-                         "serve_args": options.cli_args(), **outcome.to_dict()}
-    log(f"winner: trial {chosen.number}, {outcome.tps:.2f} tok/s, PPL {outcome.ppl:.4f}: {' '.join(options.cli_args())}")
+                         "serve_args": options.serve_args(), **outcome.to_dict()}
+    log(f"winner: trial {chosen.number}, {outcome.tps:.2f} tok/s, PPL {outcome.ppl:.4f}: {' '.join(options.serve_args())}")
     measured_info: dict[str, Any] = {"tps": outcome.tps, "ppl": outcome.ppl, "trial": chosen.number,
                                      "hash": chosen.user_attrs["hash"], "tuning": cfg.setup()}
     if verified is not None:
@@ -128,7 +127,7 @@ def run_tune(cfg: TuneConfig, space: SearchSpace | None = None, log: Any = _stde
     return summary
 
 
-def _reverify(cfg: TuneConfig, options: ServeOptions, reference_ppl: float, out: Path, log: Any) -> dict[str, Any]:
+def _reverify(cfg: TuneConfig, options: EngineConfig, reference_ppl: float, out: Path, log: Any) -> dict[str, Any]:
     """`fastgemma verify` of one configuration: the tuning prompts as its public run, the
     held-out prompts as its private re-run, the same PPL records and reference."""
     return run_verify(VerifyConfig(

@@ -4,7 +4,7 @@ Nothing here lists options: `SearchSpace.build` reads the fields' metadata, keep
 have an effect on this device type, and `suggest` asks an optuna trial for each in field
 order, skipping an option whose `when` condition is not met by the values chosen before it
 (e.g. `num_speculative_tokens` only with a speculative method). The result is validated by
-`ServeOptions` (that is, by `EngineConfig`): a combination the engine refuses raises
+`EngineConfig`: a combination the engine refuses raises
 `ValueError` before any server starts.
 
 Two inputs are not choices: the model, and the draft model, which is what makes
@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
-from fastgemma.config import EngineConfig, Tunable
-from fastgemma.verify.config import ServeOptions
+from fastgemma.config import EngineConfig, Tunable, spec_of
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class Dimension:
         return f"{self.name}: {values}{cond}"
 
 
-def config_hash(options: ServeOptions) -> str:
+def config_hash(options: EngineConfig) -> str:
     """A short stable id of a configuration (its options that differ from the defaults)."""
     blob = json.dumps({"model": options.model, **options.changed()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
@@ -61,8 +60,8 @@ class SearchSpace:
         """The tunable options that have an effect on `device_type` ("cpu", "cuda")."""
         dims = []
         for f in fields(EngineConfig):
-            tunable: Tunable | None = f.metadata.get("tune")
-            if tunable is None or device_type not in tunable.devices:
+            tunable = spec_of(f).tune
+            if tunable is None or device_type not in tunable.devices or device_type not in spec_of(f).devices:
                 continue
             choices = tuple(tunable.choices)
             if f.name == "speculative" and draft_model is None:
@@ -84,7 +83,7 @@ class SearchSpace:
             values[dim.name] = pick(dim)
         return values
 
-    def suggest(self, trial: Any) -> ServeOptions:
+    def suggest(self, trial: Any) -> EngineConfig:
         """One configuration from an optuna trial; ValueError if the engine refuses it."""
         return self.options(self._walk(lambda dim: dim.suggest(trial)))
 
@@ -98,9 +97,9 @@ class SearchSpace:
         while True:
             yield self._walk(lambda d: rng.choice(d.values()))
 
-    def options(self, values: dict[str, Any]) -> ServeOptions:
+    def options(self, values: dict[str, Any]) -> EngineConfig:
         draft = self.draft_model if values.get("speculative") == "mtp" else None
-        return ServeOptions(model=self.model, draft_model=draft, **values)
+        return EngineConfig(model=self.model, draft_model=draft, **values)
 
     def default_params(self) -> dict[str, Any]:
         """The engine's defaults as trial parameters (the study's first trial, its baseline);

@@ -30,9 +30,9 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
+from fastgemma.config import EngineConfig
 from fastgemma.tune.space import SearchSpace, config_hash
 from fastgemma.tune.trial import Outcome
-from fastgemma.verify.config import ServeOptions
 
 STUDY_NAME = "fastgemma-tune"
 STORAGE_FILE = "study.db"
@@ -40,7 +40,7 @@ STARTUP_TRIALS = 5  # random configurations before TPE models the results
 MAX_ATTEMPTS_PER_TRIAL = 20  # suggestions per measured trial before the space counts as exhausted
 
 # (options, trial number, best feasible TPS so far or None) -> outcome
-Evaluate = Callable[[ServeOptions, int, float | None], Outcome]
+Evaluate = Callable[[EngineConfig, int, float | None], Outcome]
 
 
 def _optuna() -> Any:

@@ -26,7 +26,8 @@ from typing import Any
 
 from fastgemma.verify.audit import AuditPrompt, run_audit
 from fastgemma.verify.client import Client
-from fastgemma.verify.config import ServeOptions, VerifyConfig
+from fastgemma.config import EngineConfig
+from fastgemma.verify.config import VerifyConfig
 from fastgemma.verify.data import PplRecord, Prompt
 from fastgemma.verify.identity import compare
 from fastgemma.verify.ppl import run_ppl
@@ -92,7 +93,7 @@ class Outcome:
         return Outcome(**{k: v for k, v in d.items() if k not in ("status", "feasible")})
 
 
-def evaluate(options: ServeOptions, sample: Sample, refs: References, folder: Path,
+def evaluate(options: EngineConfig, sample: Sample, refs: References, folder: Path,
              ready_timeout_s: float = 600.0, prune_at_or_below: float | None = None,
              log: Any = lambda _: None) -> Outcome:
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """`fastgemma verify`: reproduce the challenge's TPS, PPL, greedy identity and private re-run.
 
 The modules, in the order a run uses them:
-- `config.py`: `VerifyConfig` / `ServeOptions` (validated once);
+- `config.py`: `VerifyConfig` (validated once; the server to start is an `EngineConfig`);
 - `data.py`, `inputs.py`: prompt, PPL and reference files, and the samples drawn from them;
 - `endpoint.py`: readiness polling and the `fastgemma serve` child process;
 - `client.py`: the harness's HTTP requests and strict response parsing (`StageError`);
@@ -12,7 +12,7 @@ The modules, in the order a run uses them:
 """
 
 from fastgemma.verify.client import StageError
-from fastgemma.verify.config import QUICK, ServeOptions, VerifyConfig
+from fastgemma.verify.config import QUICK, VerifyConfig
 from fastgemma.verify.run import run_verify
 
-__all__ = ["QUICK", "ServeOptions", "StageError", "VerifyConfig", "run_verify"]
+__all__ = ["QUICK", "StageError", "VerifyConfig", "run_verify"]

@@ -19,33 +19,34 @@ from typing import Any
 
 from tqdm import tqdm
 
+from fastgemma.config import EngineConfig
+
 from fastgemma.verify.audit import AuditPrompt
 from fastgemma.verify.data import PplRecord
 from fastgemma.verify.ppl import PplResult, score_records
 
 
 class InProcessReference:
-    """`ppl()` scores with `ppl_kwargs`' model, `greedy()` decodes with `greedy_kwargs`' model
-    (the same unless the server quantises at load); one is held at a time."""
+    """`ppl()` scores with `ppl_config`'s plain path, `greedy()` decodes with `greedy_config`'s
+    (the same unless the server quantises at load); one engine is held at a time."""
 
-    def __init__(self, ppl_kwargs: dict[str, Any], greedy_kwargs: dict[str, Any] | None = None, progress: bool = True):
-        self.ppl_kwargs, self.greedy_kwargs = ppl_kwargs, greedy_kwargs or ppl_kwargs
+    def __init__(self, ppl_config: EngineConfig, greedy_config: EngineConfig | None = None, progress: bool = True):
+        # the plain path: one op at a time, full-precision lm_head, no drafting (config.py)
+        self.ppl_config = ppl_config.plain()
+        self.greedy_config = (greedy_config or ppl_config).plain()
         self.progress = progress
-        self._held: tuple[dict[str, Any], Any] | None = None
+        self._held: tuple[EngineConfig, Any] | None = None
 
-    def _llm(self, kwargs: dict[str, Any]) -> Any:
+    def _llm(self, config: EngineConfig) -> Any:
         from fastgemma import LLM
 
-        if self._held is None or self._held[0] != kwargs:
+        if self._held is None or self._held[0] != config:
             self._held = None  # free the other model before loading this one
-            llm = LLM(**kwargs)
-            # the plain path: one op at a time, full-precision lm_head (no fused step, no screen)
-            llm.model.set_native_kernels(llm.model.use_native, fused_decode=False, lm_head_screen=False)
-            self._held = (kwargs, llm)
+            self._held = (config, LLM.from_config(config))
         return self._held[1]
 
     def ppl(self, records: list[PplRecord], stage: str = "reference ppl") -> PplResult:
-        llm = self._llm(self.ppl_kwargs)
+        llm = self._llm(self.ppl_config)
 
         def scorer(ids: list[int]) -> tuple[list[float | None], float]:
             start = time.perf_counter()
@@ -57,7 +58,7 @@ class InProcessReference:
         from fastgemma import SamplingParams
 
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-        llm = self._llm(self.greedy_kwargs)
+        llm = self._llm(self.greedy_config)
         out = {}
         for p in tqdm(prompts, desc="reference: plain greedy", unit="req", disable=not self.progress, leave=False):
             out[p.key] = list(llm.generate([p.prompt_token_ids], params)[0].token_ids)

@@ -48,7 +48,7 @@ def open_endpoint(cfg: VerifyConfig, log: Log) -> Iterator[str]:
         return
     port = cfg.serve_port or free_port()
     log_path = cfg.out / "serve.log"
-    proc = ServeProcess(serve_command(cfg.serve.cli_args(), port), port, log_path, cfg.ready_timeout_s,
+    proc = ServeProcess(serve_command(cfg.serve.serve_args(), port), port, log_path, cfg.ready_timeout_s,
                         on_start=lambda p: log(f"started fastgemma serve (pid {p.pid}) on {p.url}; log: {log_path}"))
     with proc:
         log(f"server ready on {proc.url}")
@@ -96,7 +96,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
     ref = None
     if cfg.model_known and (need_ref_ppl or need_ref_ids):
         log("loading the in-process reference (the model's plain path)")
-        ref = InProcessReference(cfg.serve.unquantized_llm_kwargs(), cfg.serve.llm_kwargs(), p)  # loads when used
+        ref = InProcessReference(cfg.serve.unquantized(), cfg.serve, p)  # loads when used
     ref_ppl = timed("reference ppl", lambda: ref.ppl(inputs.records)) if ref and need_ref_ppl else None
     reference_ppl = cfg.reference_ppl if cfg.reference_ppl is not None else (ref_ppl.ppl if ref_ppl else None)
     cap = reference_ppl * PPL_CAP_FACTOR if reference_ppl is not None else None
@@ -129,7 +129,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
         "private_ppl": private_ppl.ppl if private_ppl else None, "private_cap": private_cap if private_ppl else None,
         "checks": verdict.to_dict()["checks"],
         "endpoint": {"url": cfg.url or "started fastgemma serve", "model": model,
-                     "serve_args": cfg.serve.cli_args() if cfg.model_known else None},
+                     "serve_args": cfg.serve.serve_args() if cfg.model_known else None},
         "stage_seconds": seconds, "configuration": cfg.to_dict(), "versions": _versions(), "started_at": started,
     }
     summary["outputs"] = _write_outputs(cfg, summary, public, private, captured, ppl, ref_ppl, private_ppl, identity, cap)

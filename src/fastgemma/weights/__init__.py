@@ -54,7 +54,7 @@ def load(config: EngineConfig) -> LoadedModel:
     tensors = dict(iter_tensors(source))
     model = load_model(
         spec, tensors, config.torch_dtype(), config.torch_device(), max_model_len, stored,
-        quantize_to=None if stored is not None else wanted,
+        quantize_to=None if stored is not None else wanted, kernels=config.kernel_choice(),
     )
     del tensors
     towers = None

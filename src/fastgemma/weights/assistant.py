@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import torch
 
+from fastgemma.kernels import KernelChoice
 from fastgemma.models.assistant import AssistantSpec, Gemma4Assistant
 from fastgemma.models.spec import ArchSpec, arch_spec_from_config
 from fastgemma.weights.checkpoint import iter_tensors
@@ -42,7 +43,8 @@ def assistant_spec_from_config(config) -> AssistantSpec:
 
 
 def load_assistant(
-    draft_model: str, target: ArchSpec, dtype: torch.dtype, device: torch.device, max_model_len: int
+    draft_model: str, target: ArchSpec, dtype: torch.dtype, device: torch.device, max_model_len: int,
+    kernels: KernelChoice = KernelChoice(),
 ) -> Gemma4Assistant:
     from transformers import AutoConfig
 
@@ -70,7 +72,7 @@ def load_assistant(
     tensors = dict(iter_tensors(source))
     check_present(required, tensors, "the draft model")
     with torch.device("meta"):
-        model = Gemma4Assistant(spec, max_model_len)
+        model = Gemma4Assistant(spec, max_model_len, kernels)
     state = fill_state(model, required, tensors, spec.text, dtype, device)
     unset = set(model.state_dict()) - set(state)
     assert not unset, f"assistant loader does not fill {sorted(unset)}"

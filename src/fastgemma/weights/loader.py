@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fastgemma.kernels import quant
+from fastgemma.kernels import KernelChoice, quant
 from fastgemma.kernels.quant import QuantScheme
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec
@@ -63,11 +63,12 @@ def load_model(
     max_model_len: int,
     stored: QuantScheme | None = None,
     quantize_to: QuantScheme | None = None,
+    kernels: KernelChoice = KernelChoice(),
 ) -> GemmaForCausalLM:
     """Build the decoder on `device` in `dtype` from `tensors` (decoder names, any dtype).
     `stored`: the checkpoint's quantisation (its body linears are codes and scales);
     `quantize_to`: quantise an unquantised checkpoint's body linears from the stored
-    weights (before rounding to `dtype`, as `fastgemma quantize` does)."""
+    weights (before rounding to `dtype`, as `fastgemma quantize` does); `kernels`: what the model is built with (models/gemma.py)."""
     assert stored is None or quantize_to is None
     required = required_tensors(spec)
     scheme = stored or quantize_to
@@ -76,7 +77,7 @@ def load_model(
         required = _quantized_required(required)
     check_present(required, tensors, "the decoder")
     with torch.device("meta"):
-        model = GemmaForCausalLM(spec, max_model_len)
+        model = GemmaForCausalLM(spec, max_model_len, kernels)
     codes = {}
     for base in bases:
         module = model.get_submodule(base)
@@ -95,7 +96,7 @@ def load_model(
     unset = set(model.state_dict()) - set(state)
     assert not unset, f"loader does not fill {sorted(unset)}"
     model.load_state_dict(state, assign=True)
-    return model.to_device(device).eval()
+    return model.to_device(device).eval().build_kernels()
 
 
 def check_present(required: dict[str, list[str]], tensors: dict[str, torch.Tensor], what: str) -> None:
