@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from fastgemma.bench.bandwidth import read_bandwidth_gb_s
-from fastgemma.kernels.cpu import physical_cores
 from fastgemma.kernels import native
+from fastgemma.kernels.cpu import physical_cores
 from fastgemma.kernels.linear import linear
 
 SHAPES = {"lm_head": (262144, 640), "qkv": (1536, 640), "gate_up": (4096, 640), "down": (640, 2048)}
@@ -48,8 +48,8 @@ def main() -> None:
         for dtype in (torch.bfloat16, torch.float32):
             w, x = torch.randn(n, k).to(dtype), torch.randn(1, k).to(dtype)
             nbytes = w.numel() * w.element_size()
-            t_native = median_s(lambda: linear(x, w, use_native=True), args.repetitions)
-            t_torch = median_s(lambda: F.linear(x, w), args.repetitions)
+            t_native = median_s(lambda x=x, w=w: linear(x, w, use_native=True), args.repetitions)
+            t_torch = median_s(lambda x=x, w=w: F.linear(x, w), args.repetitions)
             rows.append({
                 "shape": name, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."),
                 "native_ms": 1e3 * t_native, "native_gb_s": nbytes / t_native / 1e9,

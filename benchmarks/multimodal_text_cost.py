@@ -24,8 +24,7 @@ import torch
 
 
 def build(folder: Path, hidden: int) -> tuple[Path, Path]:
-    from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig
-    from transformers import Gemma4VisionConfig
+    from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig
 
     sliding, full = "sliding_attention", "full_attention"
     text = Gemma4TextConfig(

@@ -33,6 +33,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fastgemma.cli.main import app
+from fastgemma.config import EngineConfig
 from fastgemma.preset import Preset, load_preset
 from fastgemma.submission import check_submission, export_submission, pinned_requirements
 
@@ -207,7 +208,7 @@ def test_official_job_installs_starts_and_answers_the_official_scripts(tmp_path,
     summary = json.loads((tmp_path / "ppl_summary.json").read_text())
     assert summary["num_records"] == 4 and 1.0 < summary["ppl"] < 1000.0
 
-    reference = InProcessReference({}, progress=False).greedy(
+    reference = InProcessReference(EngineConfig(), progress=False).greedy(
         [AuditPrompt(r["id"], r["prompt_token_ids"]) for r in captured], 24)
     ref_path = tmp_path / "reference.jsonl"
     ref_path.write_text("".join(json.dumps({"id": k, "completion_token_ids": v}) + "\n" for k, v in reference.items()))

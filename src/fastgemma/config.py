@@ -256,10 +256,14 @@ class EngineConfig:
 FIELDS = {f.name: f for f in fields(EngineConfig)}
 
 
-@functools.cache
 def option_types() -> dict[str, Any]:
     """Field name -> its annotation, resolved (`int | None`, `bool`, ...)."""
-    return typing.get_type_hints(EngineConfig)
+    return _type_hints(EngineConfig)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def base_type(name: str) -> type:

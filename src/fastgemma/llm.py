@@ -18,20 +18,19 @@ Multimodal Gemma 4 (vLLM's prompt dicts; the towers run at prefill, models/tower
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import fields
 from typing import Any
 
-import torch
-
 from fastgemma.config import EngineConfig
-from fastgemma.kernels.cpu import set_cpu_threads
 from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence
+from fastgemma.kernels.cpu import set_cpu_threads
 from fastgemma.models.towers import MultimodalInputs
 from fastgemma.multimodal.chat import split_media
 from fastgemma.multimodal.processor import MultimodalProcessor
@@ -167,7 +166,7 @@ class LLM:
 
     def _complete(self, ids: list[int], params: SamplingParams, mm: MultimodalInputs | None) -> CompletionOutput:
         text = ""
-        for delta, seq in self.stream_ids(ids, params, mm):
+        for delta, seq in self.stream_ids(ids, params, mm):  # noqa: B007 (seq: the finished sequence, read below)
             text += delta.text
         logprobs = seq.output_logprobs if params.logprobs is not None else None
         return CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, logprobs)

@@ -13,7 +13,6 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from fastgemma import LLM
 from fastgemma.server import ServerThread

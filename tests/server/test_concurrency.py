@@ -10,9 +10,8 @@ import httpx
 import openai
 import pytest
 
-from fastgemma import SamplingParams
-
 from conftest import API_KEY  # noqa: E402  (pytest puts this folder on sys.path)
+from fastgemma import SamplingParams
 
 MODEL = "tiny-gemma"
 LONG = 900  # tokens that take far longer than any test waits

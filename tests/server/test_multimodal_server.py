@@ -11,10 +11,10 @@ import base64
 
 import httpx
 import pytest
+from tests.media_samples import make_clip, make_image, png_bytes, wav_bytes
 
 from fastgemma import SamplingParams
 from fastgemma.server import ServerThread
-from tests.media_samples import make_clip, make_image, png_bytes, wav_bytes
 
 CHAT = "/v1/chat/completions"
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from fastgemma.server import protocol as P
 from fastgemma.server.errors import error_body, from_validation_error
 from fastgemma.server.serve import settings_from_env
-from fastgemma.server.worker import Cancelled, QueueFull, Worker
+from fastgemma.server.worker import Cancelled, QueueFull, TokenEvent, Worker
 
 
 def test_settings_from_env():
@@ -58,7 +58,7 @@ def test_worker_fifo_bounded_queue_and_cancel():
         def tagged(tag):
             def fn(job):
                 order.append(tag)
-                job.emit(tag + "-item")
+                job.emit(TokenEvent(0, tag + "-item"))
                 return tag
 
             return fn
@@ -77,7 +77,7 @@ def test_worker_fifo_bounded_queue_and_cancel():
         assert await a.result() == "a"
         with pytest.raises(Cancelled):
             await b.result()
-        assert await c.next() == (True, "c-item")
+        assert await c.next() == (True, TokenEvent(0, "c-item"))
         assert await c.next() == (False, "c")
         assert await d.result() == "d"
         assert order == ["a", "c", "d"]

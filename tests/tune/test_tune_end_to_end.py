@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fastgemma.config import EngineConfig, Tunable
 from fastgemma.preset import load_preset
 from fastgemma.submission import check_submission
 from fastgemma.tune import TuneConfig, run_tune
 from fastgemma.tune.space import Dimension, SearchSpace
-from fastgemma.config import EngineConfig, Tunable
 from fastgemma.verify.endpoint import ServeProcess, free_port
 
 

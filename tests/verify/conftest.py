@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fastgemma.config import EngineConfig
 from fastgemma.verify.endpoint import ServeProcess, free_port, serve_command
 
 
@@ -43,7 +44,7 @@ def served_tiny(tiny_text_model, tmp_path_factory):
 def tiny_reference(tiny_text_model):
     from fastgemma.verify.reference import InProcessReference
 
-    return InProcessReference({"model": str(tiny_text_model), "dtype": "float32"}, progress=False)
+    return InProcessReference(EngineConfig(model=str(tiny_text_model), dtype="float32"), progress=False)
 
 
 class _FakeHandler(BaseHTTPRequestHandler):

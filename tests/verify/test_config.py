@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from fastgemma import LLM, SamplingParams
-from fastgemma.verify.audit import AuditPrompt
 from fastgemma.config import EngineConfig
+from fastgemma.verify.audit import AuditPrompt
 from fastgemma.verify.data import PplRecord
 from fastgemma.verify.reference import InProcessReference
 

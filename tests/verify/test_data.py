@@ -9,7 +9,11 @@ import pytest
 
 from fastgemma.verify.config import VerifyConfig
 from fastgemma.verify.data import (
-    load_ppl_records, load_prompts, load_reference_outputs, public_and_held_out, shuffled,
+    load_ppl_records,
+    load_prompts,
+    load_reference_outputs,
+    public_and_held_out,
+    shuffled,
 )
 from fastgemma.verify.inputs import load_inputs
 from tests.conftest import challenge_file

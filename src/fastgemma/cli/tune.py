@@ -75,7 +75,7 @@ def tune(
         fail(str(e))
     except KeyboardInterrupt:
         typer.echo(f"error: interrupted; the study in {out} keeps every finished trial: --resume continues it", err=True)
-        raise typer.Exit(code=130)
+        raise typer.Exit(code=130) from None
     if as_json:
         typer.echo(json.dumps(summary, default=str))
         return

@@ -54,8 +54,8 @@ def verify(
 
     Stages: tps (sglang bench_serving v0.5.2 methodology, non-streaming chat, concurrency 1), audit capture (greedy ids via /v1/completions), ppl (prompt_logprobs, token-weighted), the private re-run (tps, and ppl with --private-ppl-data), then references in-process when the model is known, greedy identity and the verdict: VERIFIED, INVALID or PENDING with reasons.
     """
-    from fastgemma.preset import load_preset
     from fastgemma.config import EngineConfig
+    from fastgemma.preset import load_preset
     from fastgemma.verify import QUICK, VerifyConfig, run_verify
     from fastgemma.verify.report import render_table
 
@@ -85,7 +85,7 @@ def verify(
         fail(str(e))
     except KeyboardInterrupt:
         typer.echo("error: interrupted; the started server was stopped", err=True)
-        raise typer.Exit(code=130)
+        raise typer.Exit(code=130) from None
     if as_json:
         typer.echo(json.dumps(summary))
     else:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fastgemma.models.kv_cache import KVCache
 from fastgemma.engine.static_step import StaticStep
 from fastgemma.models.gemma import GemmaForCausalLM
+from fastgemma.models.kv_cache import KVCache
 from fastgemma.models.towers import MultimodalInputs, MultimodalTowers
 
 

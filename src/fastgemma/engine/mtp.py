@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from fastgemma.models.kv_cache import KVCache
 from fastgemma.models.assistant import Gemma4Assistant
 from fastgemma.models.gemma import GemmaForCausalLM
+from fastgemma.models.kv_cache import KVCache
 
 
 class MtpProposer:

@@ -30,18 +30,18 @@ class SamplingParams:
         for name in ("temperature", "top_p"):
             if not number(getattr(self, name)):
                 raise ValueError(f"{name} must be a number (got {getattr(self, name)!r})")
-        checks = [
-            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
-            (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100] (0 = greedy)"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (isinstance(self.top_k, int) and self.top_k >= -1, "top_k must be -1, 0 (disabled) or a positive integer"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be between 0 and 20"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
-            (self.seed is None or isinstance(self.seed, int), "seed must be an integer"),
+        checks = [  # (field, its value is fine, what it must be)
+            ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1, "an integer >= 1"),
+            ("temperature", 0.0 <= self.temperature <= 100.0, "in [0, 100] (0 = greedy)"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= -1, "-1, 0 (disabled) or a positive integer"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "between 0 and 20"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
+            ("seed", self.seed is None or isinstance(self.seed, int), "an integer"),
         ]
-        for ok, message in checks:
+        for name, ok, must in checks:
             if not ok:
-                raise ValueError(f"{message} (got {self!r})")
+                raise ValueError(f"{name} must be {must} (got {getattr(self, name)!r})")
 
     @property
     def greedy(self) -> bool:

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fastgemma.models.kv_cache import KVCache
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
 from fastgemma.models.gemma import GemmaForCausalLM
+from fastgemma.models.kv_cache import KVCache
 
 STATIC_ROWS = NATIVE_MAX_ROWS  # rows of every step: a verification holds at most K + 1 = 16 tokens
 

@@ -23,7 +23,6 @@ from fastgemma import kernels
 from fastgemma.kernels import native, quant
 from fastgemma.kernels.quant import QuantScheme
 
-
 NATIVE_MAX_ROWS = 16  # inputs of up to this many rows use the native (row-invariant) GEMVs
 
 

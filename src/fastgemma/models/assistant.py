@@ -38,9 +38,9 @@ from torch import nn
 
 from fastgemma.kernels import KernelChoice
 from fastgemma.kernels.linear import Linear, linear
-from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.models.attention import KV
 from fastgemma.models.gemma import DecoderLayer
+from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.models.layers import RMSNorm, rope_table
 from fastgemma.models.spec import SLIDING, ArchSpec
 

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgemma import kernels
-from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.kernels.attention import attend_decode
 from fastgemma.kernels.linear import Linear
+from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.models.layers import RMSNorm, apply_rope
 from fastgemma.models.spec import ArchSpec
 

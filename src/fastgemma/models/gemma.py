@@ -34,13 +34,12 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from fastgemma.models.kv_cache import AttentionMetadata, KVCache
-from fastgemma.kernels import bf16_table, decode_layers, huge_pages
+from fastgemma.kernels import KernelChoice, bf16_table, decode_layers, huge_pages
 from fastgemma.kernels.activation import gelu_tanh
-from fastgemma.kernels import KernelChoice
-from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS, Linear, linear
+from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.models.attention import KV, Attention
+from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.models.layers import RMSNorm, rope_table
 from fastgemma.models.spec import ArchSpec
 

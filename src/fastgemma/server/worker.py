@@ -1,8 +1,8 @@
 """The engine's one worker thread: a bounded FIFO of jobs, run one at a time.
 
 The engine is not thread-safe, so every call into it happens here. A `Job` wraps a
-function `fn(job)` run on the worker; it may `emit` items (streamed tokens) to the event
-loop and returns a result. The asyncio side awaits `job.next()`.
+function `fn(job)` run on the worker; it may `emit` `TokenEvent`s (streamed tokens) to the
+event loop and returns a result. The asyncio side awaits `job.next()`.
 
 Cancellation (a client went away): `job.cancel()` removes a waiting job from the queue at
 once (its slot is free for the next request) or sets `job.cancelled`, which a running job
@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastgemma.server.metrics import Metrics
@@ -24,6 +25,17 @@ from fastgemma.server.metrics import Metrics
 log = logging.getLogger("fastgemma.server")
 
 _ITEM, _DONE, _ERROR = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One streamed piece of a choice, from the worker to the event loop."""
+
+    index: int  # the choice (the prompt of a batch) it belongs to
+    text: str  # the new text; empty while held back (an incomplete character, a possible stop string)
+    token_id: int | None = None  # the token it came from (None: echoed prompt text, or a closing event)
+    finish_reason: str | None = None  # set on the choice's last event
+    logprobs: Any = None  # this token's logprobs in the route's API shape, when asked for
 
 
 class QueueFull(Exception):
@@ -45,8 +57,8 @@ class Job:
 
     # ---- worker side ---------------------------------------------------------------------
 
-    def emit(self, item: Any) -> None:
-        self._post(_ITEM, item)
+    def emit(self, event: TokenEvent) -> None:
+        self._post(_ITEM, event)
 
     def check(self) -> None:
         """Raise `Cancelled` if the client is gone (call between tokens)."""
@@ -62,7 +74,7 @@ class Job:
     # ---- loop side -----------------------------------------------------------------------
 
     async def next(self) -> tuple[bool, Any]:
-        """(True, item) for an emitted item, (False, result) at the end; raises the job's error."""
+        """(True, event) for an emitted `TokenEvent`, (False, result) at the end; raises the job's error."""
         kind, value = await self.events.get()
         if kind == _ITEM:
             return True, value

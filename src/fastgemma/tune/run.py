@@ -31,7 +31,6 @@ from fastgemma.verify import VerifyConfig, run_verify
 from fastgemma.verify.audit import audit_prompts
 from fastgemma.verify.data import load_ppl_records, load_prompts, public_and_held_out, take
 
-
 MAX_FALLBACKS = 2  # next-best configurations re-verified when the winner fails identity or PPL
 FAITHFULNESS_CHECKS = ("greedy identity", "ppl cap", "private ppl cap")  # verify's checks that disqualify
 

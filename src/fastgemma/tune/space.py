@@ -93,7 +93,7 @@ class SearchSpace:
         moves = [(dim, v) for dim in self.dimensions if dim.name in params for v in dim.values() if v != params[dim.name]]
         rng.shuffle(moves)
         for dim, value in moves:
-            yield self._walk(lambda d: value if d is dim else params.get(d.name, rng.choice(d.values())))
+            yield self._walk(lambda d, dim=dim, value=value: value if d is dim else params.get(d.name, rng.choice(d.values())))
         while True:
             yield self._walk(lambda d: rng.choice(d.values()))
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 import random
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tqdm import tqdm
 

@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastgemma.config import EngineConfig
+from fastgemma.tune.references import References
 from fastgemma.verify.audit import AuditPrompt, run_audit
 from fastgemma.verify.client import Client
-from fastgemma.config import EngineConfig
 from fastgemma.verify.config import VerifyConfig
 from fastgemma.verify.data import PplRecord, Prompt
 from fastgemma.verify.identity import compare
@@ -34,7 +35,6 @@ from fastgemma.verify.ppl import run_ppl
 from fastgemma.verify.run import acceptance_summary, open_endpoint
 from fastgemma.verify.tps import TooSlow, run_tps
 from fastgemma.verify.verdict import PPL_CAP_FACTOR
-from fastgemma.tune.references import References
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+
 @dataclass(frozen=True)
 class Prompt:
     key: str  # the item's "id" when it has one, else "index:<position in the file>"

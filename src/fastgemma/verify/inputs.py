@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from fastgemma.verify.audit import AuditPrompt, audit_prompts
 from fastgemma.verify.config import VerifyConfig
 from fastgemma.verify.data import (
-    PplRecord, Prompt, load_ppl_records, load_prompts, load_reference_outputs, public_and_held_out, take,
+    PplRecord,
+    Prompt,
+    load_ppl_records,
+    load_prompts,
+    load_reference_outputs,
+    public_and_held_out,
+    take,
 )
 
 

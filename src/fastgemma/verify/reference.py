@@ -20,7 +20,6 @@ from typing import Any
 from tqdm import tqdm
 
 from fastgemma.config import EngineConfig
-
 from fastgemma.verify.audit import AuditPrompt
 from fastgemma.verify.data import PplRecord
 from fastgemma.verify.ppl import PplResult, score_records

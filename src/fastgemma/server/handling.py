@@ -1,0 +1,227 @@
+"""The request plumbing every route shares: auth, JSON bodies, the queue, disconnects, SSE,
+and the checks both generation routes make (context length, sampling parameters, ids).
+
+A route's handler raises `APIError` for a bad request; `handle` turns it into OpenAI-style
+JSON and counts the request. Engine work goes through `run_job` (wait for the result) or
+`submit` + `stream` (server-sent events); a client that disconnects has its job cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.server import protocol as P
+from fastgemma.server.errors import APIError, error_response, from_validation_error
+from fastgemma.server.state import ServerState
+from fastgemma.server.worker import Cancelled, Job, QueueFull
+
+log = logging.getLogger("fastgemma.server")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+async def handle(
+    state: ServerState,
+    request: Request,
+    endpoint: str,
+    handler: Callable[[Any], Awaitable[Response]],
+    parse: bool = True,
+) -> Response:
+    """Authenticate, read the JSON body (`parse`), run `handler(body)`; errors as JSON."""
+    try:
+        _check_auth(state, request)
+        body = await _read_json(request) if parse else None
+        response = await handler(body)
+    except APIError as e:
+        response = error_response(e.status, e.message, e.param)
+    except ValidationError as e:
+        err = from_validation_error(e)
+        response = error_response(err.status, err.message, err.param)
+    state.metrics.count_request(endpoint, response.status_code)
+    return response
+
+
+def _check_auth(state: ServerState, request: Request) -> None:
+    if state.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), state.api_key.encode()):
+        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'")
+
+
+async def _read_json(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def json_response(model: Any, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.served_model_name:
+        raise APIError(404, f"The model `{model}` does not exist. Served: `{state.served_model_name}`.", "model")
+
+
+async def off_loop(state: ServerState, fn: Callable[[], Any]) -> Any:
+    """`fn()` on the pre-processing thread (tokenising, media), awaited."""
+    return await asyncio.get_running_loop().run_in_executor(state.preprocess, fn)
+
+
+def submit(state: ServerState, fn: Callable[[Job], Any]) -> Job:
+    try:
+        return state.worker.submit(fn)
+    except QueueFull as e:
+        raise APIError(429, str(e)) from None
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client goes away (the body is already read)."""
+    try:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                job.cancel()
+                return
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # pragma: no cover - transport quirks: nothing to watch
+        return
+
+
+async def _await_job(request: Request, job: Job) -> Any:
+    """The job's result; None when the client disconnected (the job is cancelled)."""
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    try:
+        return await job.result()
+    except Cancelled:
+        return None
+    finally:
+        watcher.cancel()
+        if not job.finished:
+            job.cancel()
+
+
+async def run_job(state: ServerState, request: Request, work: Callable[[Job], Any]) -> Any:
+    """Queue `work` on the engine and wait for its result (None: the client went away)."""
+    job = submit(state, work)
+    try:
+        return await _await_job(request, job)
+    except Exception as e:
+        raise _engine_error(e) from None
+
+
+def _engine_error(e: Exception) -> APIError:
+    if isinstance(e, ValueError):
+        return APIError(400, str(e))
+    log.error("engine error: %r", e)
+    return APIError(500, f"engine error: {type(e).__name__}: {e}")
+
+
+def sse(obj: Any) -> str:
+    body = obj if isinstance(obj, str) else obj.model_dump_json()
+    return f"data: {body}\n\n"
+
+
+async def stream(request: Request, job: Job, events: Callable[[Job], AsyncIterator[str]]) -> StreamingResponse:
+    """Server-sent events from `events(job)`, then `[DONE]`; an error after the 200 is
+    reported in-band; a disconnect cancels the job."""
+
+    async def body() -> AsyncIterator[str]:
+        watcher = asyncio.create_task(_watch_disconnect(request, job))
+        try:
+            async for chunk in events(job):
+                yield chunk
+        except Cancelled:
+            return
+        except Exception as e:  # after the 200 is sent: report in-band, then end the stream
+            err = e if isinstance(e, APIError) else _engine_error(e)
+            kind = "InternalServerError" if err.status >= 500 else "BadRequestError"
+            yield sse(json.dumps({"error": {"message": err.message, "type": kind, "param": None, "code": err.status}}))
+        finally:
+            watcher.cancel()
+            if not job.finished:
+                job.cancel()
+        yield "data: [DONE]\n\n"
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+def usage(prompt: int, completion: int) -> P.UsageInfo:
+    return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+# ---- checks both generation routes make -------------------------------------------------
+
+
+def context_check(state: ServerState, n_prompt: int, max_tokens: int | None, param: str) -> int:
+    """The completion's token budget (vLLM's: the rest of the context when not given)."""
+    limit = state.llm.max_model_len
+    if max_tokens is None:
+        max_tokens = limit - n_prompt
+        if max_tokens < 1:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens and the prompt has {n_prompt}: "
+                "no room to generate. Please reduce the length of the prompt.",
+                param,
+            )
+        return max_tokens
+    if n_prompt + max_tokens > limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} in the completion). "
+            "Please reduce the length of the prompt or completion.",
+            param,
+        )
+    return max_tokens
+
+
+def sampling_params(state: ServerState, req: Any, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    vocab = state.llm.spec.vocab_size
+    stop_ids = list(req.stop_token_ids or [])
+    if any(not 0 <= t < vocab for t in stop_ids):
+        raise APIError(400, f"stop_token_ids must be in [0, {vocab})", "stop_token_ids")
+    try:
+        return SamplingParams(
+            max_tokens=max(1, max_tokens),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=0 if req.top_k is None else req.top_k,
+            seed=req.seed,
+            stop=req.stop_list,
+            stop_token_ids=stop_ids,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+
+
+def validate_ids(state: ServerState, ids: list[int], param: str) -> None:
+    try:
+        state.llm.engine.validate_prompt(ids)
+    except ValueError as e:
+        raise APIError(400, str(e), param) from None

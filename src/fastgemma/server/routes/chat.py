@@ -1,0 +1,145 @@
+"""POST /v1/chat/completions: one choice, vLLM's fields (logprobs / top_logprobs,
+return_token_ids, stream_options). Messages go through the chat template with their image
+and audio parts (multimodal/chat.py) on the pre-processing thread; generation and logprob
+formatting run on the worker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from fastgemma.multimodal.chat import ContentPartError
+from fastgemma.server import protocol as P
+from fastgemma.server.errors import APIError
+from fastgemma.server.generation import GenResult, Prepared, run_generation
+from fastgemma.server.handling import (
+    check_model,
+    context_check,
+    json_response,
+    off_loop,
+    run_job,
+    sampling_params,
+    sse,
+    stream,
+    submit,
+    usage,
+    validate_ids,
+)
+from fastgemma.server.state import ServerState
+from fastgemma.server.worker import Job, TokenEvent
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """What one chat request's response is made of, besides its tokens."""
+
+    req: P.ChatCompletionRequest
+    prepared: Prepared
+    top_n: int  # top_logprobs
+    id: str
+    created: int
+    model: str
+
+
+async def chat_completions(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = P.ChatCompletionRequest.model_validate(body)
+    check_model(state, req.model)
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    p = await off_loop(state, lambda: _prepare(state, req))
+    reply = ChatReply(req, p, req.top_logprobs or 0, P.random_id("chatcmpl"), P.now(), state.served_model_name)
+    if req.stream:
+        return await _stream(state, request, reply)
+
+    def work(job: Job) -> GenResult:
+        r = run_generation(job, state.llm, state.metrics, p)
+        if req.logprobs:
+            r.extra["logprobs"] = state.formatter.chat_logprobs(r.token_ids, r.logprobs or [], reply.top_n)
+        return r
+
+    r = await run_job(state, request, work)
+    if r is None:
+        return Response(status_code=499)
+    choice = P.ChatCompletionResponseChoice(
+        index=0,
+        message=P.ChatResponseMessage(content=r.text),
+        logprobs=r.extra.get("logprobs"),
+        finish_reason=r.finish_reason,
+        token_ids=r.token_ids if req.return_token_ids else None,
+    )
+    return json_response(P.ChatCompletionResponse(
+        id=reply.id, created=reply.created, model=reply.model, choices=[choice],
+        usage=usage(len(p.ids), len(r.token_ids)), prompt_token_ids=p.ids if req.return_token_ids else None,
+    ))
+
+
+def _prepare(state: ServerState, req: P.ChatCompletionRequest) -> Prepared:
+    """Pre-processing thread: the templated ids, the decoded media, budget and parameters."""
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.template_content()} for m in req.messages
+    ]
+    try:
+        ids, multimodal = state.llm.chat_inputs(messages, state.allow_remote_media)
+    except ContentPartError as e:
+        raise APIError(400, str(e), e.param) from None
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
+    except Exception as e:  # a template that rejects this conversation (roles must alternate, ...)
+        raise APIError(400, f"cannot apply the chat template: {e}", "messages") from None
+    validate_ids(state, ids, "messages")
+    max_tokens = context_check(state, len(ids), req.requested_max_tokens, "max_tokens")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return Prepared(ids, sampling_params(state, req, max_tokens, logprobs), max_tokens, multimodal=multimodal)
+
+
+async def _stream(state: ServerState, request: Request, reply: ChatReply) -> StreamingResponse:
+    fmt, p = state.formatter, reply.prepared
+
+    def work(job: Job) -> None:
+        def on_token(delta: Any, lps: dict[int, float] | None) -> None:
+            lp = None
+            if lps is not None and delta.token_id is not None:
+                lp = fmt.chat_logprobs([delta.token_id], [lps], reply.top_n)
+            job.emit(TokenEvent(0, delta.text, delta.token_id, delta.finish_reason, lp))
+
+        run_generation(job, state.llm, state.metrics, p, on_token)
+
+    job = submit(state, work)
+    return await stream(request, job, lambda job: _events(reply, job))
+
+
+async def _events(reply: ChatReply, job: Job) -> AsyncIterator[str]:
+    req, n_prompt, n_gen = reply.req, len(reply.prepared.ids), 0
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+    def chunk(delta: P.DeltaMessage, event: TokenEvent | None = None) -> str:
+        ids = None
+        if event is not None and req.return_token_ids and event.token_id is not None:
+            ids = [event.token_id]
+        choice = P.ChatStreamChoice(
+            index=0, delta=delta, logprobs=event and event.logprobs, finish_reason=event and event.finish_reason,
+            token_ids=ids,
+        )
+        counted = usage(n_prompt, n_gen) if continuous else None
+        return sse(P.ChatCompletionStreamResponse(
+            id=reply.id, created=reply.created, model=reply.model, choices=[choice], usage=counted
+        ))
+
+    yield chunk(P.DeltaMessage(role="assistant", content=""))
+    while True:
+        is_event, event = await job.next()
+        if not is_event:
+            break
+        n_gen += event.token_id is not None
+        if not event.text and event.finish_reason is None and event.logprobs is None:
+            continue
+        yield chunk(P.DeltaMessage(content=event.text) if event.text else P.DeltaMessage(), event)
+    if include_usage:
+        yield sse(P.ChatCompletionStreamResponse(
+            id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage(n_prompt, n_gen)
+        ))

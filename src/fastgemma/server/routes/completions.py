@@ -1,0 +1,155 @@
+"""POST /v1/completions: one choice per prompt, vLLM's fields (echo, logprobs,
+prompt_logprobs, return_token_ids, stream_options). Prompts are tokenised and checked on the
+pre-processing thread; generation, prompt scoring and logprob formatting run on the worker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from fastgemma.engine.model_runner import PositionLogprob
+from fastgemma.server import protocol as P
+from fastgemma.server.errors import APIError
+from fastgemma.server.generation import GenResult, Prepared, run_generation
+from fastgemma.server.handling import (
+    check_model,
+    context_check,
+    json_response,
+    off_loop,
+    run_job,
+    sampling_params,
+    sse,
+    stream,
+    submit,
+    usage,
+    validate_ids,
+)
+from fastgemma.server.state import ServerState
+from fastgemma.server.worker import Job, TokenEvent
+
+
+async def completions(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = P.CompletionRequest.model_validate(body)
+    check_model(state, req.model)
+    prepared = await off_loop(state, lambda: _prepare(state, req))
+    if req.stream:
+        return await _stream(state, request, req, prepared)
+
+    def work(job: Job) -> list[GenResult]:
+        results = []
+        for p in prepared:
+            r = run_generation(job, state.llm, state.metrics, p)
+            _finish(state, req, p, r)
+            results.append(r)
+        return results
+
+    results = await run_job(state, request, work)
+    if results is None:
+        return Response(status_code=499)
+    choices = [
+        P.CompletionResponseChoice(
+            index=i,
+            text=p.prompt_text + r.text,
+            logprobs=r.extra.get("logprobs"),
+            finish_reason=r.finish_reason,
+            prompt_logprobs=r.extra.get("prompt_logprobs"),
+            token_ids=r.token_ids if req.return_token_ids else None,
+            prompt_token_ids=p.ids if req.return_token_ids else None,
+        )
+        for i, (p, r) in enumerate(zip(prepared, results))
+    ]
+    total = usage(sum(len(p.ids) for p in prepared), sum(len(r.token_ids) for r in results))
+    return json_response(P.CompletionResponse(
+        id=P.random_id("cmpl"), created=P.now(), model=state.served_model_name, choices=choices, usage=total
+    ))
+
+
+def _prepare(state: ServerState, req: P.CompletionRequest) -> list[Prepared]:
+    """Pre-processing thread: each prompt's ids, budget and sampling parameters."""
+    llm, prepared = state.llm, []
+    for prompt in req.prompts():
+        try:
+            ids = llm.encode_prompt(prompt, add_special_tokens=req.add_special_tokens)
+        except ValueError as e:
+            raise APIError(400, str(e), "prompt") from None
+        validate_ids(state, ids, "prompt")
+        max_tokens = context_check(state, len(ids), req.max_tokens, "max_tokens")
+        params = sampling_params(state, req, max_tokens, req.logprobs)
+        text = ""
+        if req.echo:
+            text = prompt if isinstance(prompt, str) else llm.tokenizer.decode(ids, skip_special_tokens=False)
+        prepared.append(Prepared(ids, params, max_tokens, text))
+    return prepared
+
+
+def _finish(state: ServerState, req: P.CompletionRequest, p: Prepared, r: GenResult) -> None:
+    """Worker side, after generation: prompt scoring and logprob formatting."""
+    fmt, entries = state.formatter, None
+    k = max(req.prompt_logprobs or 0, req.logprobs or 0)
+    if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
+        entries = state.llm.prompt_logprobs(p.ids, top=k)
+    if req.prompt_logprobs is not None:
+        r.extra["prompt_logprobs"] = fmt.prompt_logprobs(p.ids, _trim_top(entries, req.prompt_logprobs))
+    if req.logprobs is not None:
+        ids, lps = r.token_ids, list(r.logprobs or [])
+        if req.echo:
+            prompt_lps = [None] + [
+                {**dict(e.top[: req.logprobs]), p.ids[i + 1]: e.logprob} for i, e in enumerate(entries[1:])
+            ]
+            ids, lps = p.ids + ids, prompt_lps + lps
+        r.extra["logprobs"] = fmt.completion_logprobs(ids, lps, 0)
+
+
+def _trim_top(entries: list[Any] | None, k: int) -> list[Any]:
+    return [None if e is None else PositionLogprob(e.logprob, e.rank, e.top[:k]) for e in entries or []]
+
+
+async def _stream(state: ServerState, request: Request, req: P.CompletionRequest, prepared: list[Prepared]) -> StreamingResponse:
+    fmt = state.formatter
+    rid, created, model = P.random_id("cmpl"), P.now(), state.served_model_name
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+    def work(job: Job) -> None:
+        for i, p in enumerate(prepared):
+            if p.prompt_text:
+                job.emit(TokenEvent(i, p.prompt_text))
+
+            def on_token(delta: Any, lps: dict[int, float] | None, i: int = i) -> None:
+                lp = None
+                if lps is not None and delta.token_id is not None:
+                    lp = fmt.completion_logprobs([delta.token_id], [lps])
+                job.emit(TokenEvent(i, delta.text, delta.token_id, delta.finish_reason, lp))
+
+            r = run_generation(job, state.llm, state.metrics, p, on_token)
+            if p.max_tokens == 0:
+                job.emit(TokenEvent(i, "", finish_reason="length"))
+            _finish(state, req, p, r)
+
+    job = submit(state, work)
+
+    async def events(job: Job) -> AsyncIterator[str]:
+        n_prompt, n_gen = sum(len(p.ids) for p in prepared), 0
+        while True:
+            is_event, event = await job.next()
+            if not is_event:
+                break
+            n_gen += event.token_id is not None
+            if not event.text and event.finish_reason is None and event.logprobs is None:
+                continue  # held back (incomplete character or possible stop string)
+            choice = P.CompletionStreamChoice(
+                index=event.index,
+                text=event.text,
+                logprobs=event.logprobs,
+                finish_reason=event.finish_reason,
+                token_ids=[event.token_id] if (req.return_token_ids and event.token_id is not None) else None,
+            )
+            counted = usage(n_prompt, n_gen) if continuous else None
+            yield sse(P.CompletionStreamResponse(id=rid, created=created, model=model, choices=[choice], usage=counted))
+        if include_usage:
+            yield sse(P.CompletionStreamResponse(id=rid, created=created, model=model, choices=[], usage=usage(n_prompt, n_gen)))
+
+    return await stream(request, job, events)

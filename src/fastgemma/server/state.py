@@ -1,0 +1,24 @@
+"""What every route reads: the served `LLM` and the server's shared parts (`ServerState`)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from fastgemma.server.generation import Formatter
+from fastgemma.server.metrics import Metrics
+from fastgemma.server.worker import Worker
+
+
+@dataclass
+class ServerState:
+    llm: Any
+    served_model_name: str
+    api_key: str | None
+    worker: Worker  # the engine's one thread
+    metrics: Metrics
+    formatter: Formatter
+    preprocess: ThreadPoolExecutor  # tokenising and media decoding, off the event loop
+    created: int
+    allow_remote_media: bool = False  # fetch http(s) image URLs in chat content parts

@@ -1,0 +1,59 @@
+"""The sampler: greedy picks the lowest id among ties; temperature, top-k and top-p shape the
+distribution as vLLM's do; a seeded generator repeats its draws."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastgemma.engine.sampler import filtered_probs, sample
+from fastgemma.engine.sampling_params import SamplingParams
+
+
+def test_greedy_is_argmax_lowest_id_on_ties():
+    logits = torch.tensor([0.0, 3.0, 1.0, 3.0])
+    assert sample(logits, SamplingParams(temperature=0.0), None) == 1
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = filtered_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    probs = filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.75))  # 0.5 + 0.3 reaches 0.75
+    assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    probs = filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.81))
+    assert (probs > 0).tolist() == [True, True, True, False]
+    probs = filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.1))  # the first token always stays
+    assert probs.tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_temperature_sharpens_and_flattens():
+    logits = torch.tensor([2.0, 1.0, 0.0])
+    cold = filtered_probs(logits, SamplingParams(temperature=0.5))
+    hot = filtered_probs(logits, SamplingParams(temperature=2.0))
+    assert cold[0] > torch.softmax(logits, -1)[0] > hot[0]
+
+
+def test_seeded_draws_repeat_and_follow_the_distribution():
+    logits = torch.log(torch.tensor([0.7, 0.2, 0.1]))
+    params = SamplingParams(temperature=1.0, seed=3)
+
+    def draws(n: int) -> list[int]:
+        g = torch.Generator().manual_seed(3)
+        return [sample(logits, params, g) for _ in range(n)]
+
+    assert draws(50) == draws(50)
+    counts = torch.bincount(torch.tensor(draws(2000)), minlength=3) / 2000
+    assert counts.tolist() == pytest.approx([0.7, 0.2, 0.1], abs=0.05)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("temperature", -1.0, r"temperature must be in \[0, 100\] \(0 = greedy\) \(got -1.0\)"),
+    ("top_p", 0.0, r"top_p must be in \(0, 1\] \(got 0.0\)"),
+    ("max_tokens", 0, r"max_tokens must be an integer >= 1 \(got 0\)"),
+    ("logprobs", 21, r"logprobs must be between 0 and 20 \(got 21\)"),
+])
+def test_bad_params_name_the_one_bad_value(field, value, words):
+    with pytest.raises(ValueError, match=words) as e:
+        SamplingParams(**{field: value})
+    assert "SamplingParams(" not in str(e.value)
