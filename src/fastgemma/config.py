@@ -118,6 +118,8 @@ class EngineConfig:
         None, "CPU threads (default: the physical cores); set once, when the process starts.",
         flag="--threads", low=1, devices=("cpu",), plain=None, tune=Tunable(low=1, high=physical_cores, devices=("cpu",)),
     )
+    # kernels/quant.py; decode through cpu_quant_gemv.c on CPU, the Triton kernel of
+    # kernels/cuda_quant.py on CUDA
     quantization: str = option(
         "none", "Body linear weights at load: none | int8 | int4-g32 | int4-g128.",
         flag="--quantization", short="-q", choices=SCHEMES, numerics=True, tune=Tunable(choices=SCHEMES),
@@ -127,6 +129,8 @@ class EngineConfig:
         flag="--lm-head-screen", devices=("cpu",), plain=False,
         tune=Tunable(choices=(True, False), devices=("cpu",), when=("kernels", ("auto",))),
     )
+    # engine/ngram.py, engine/mtp.py: drafts verified K at a time; exact with the native CPU
+    # kernels or CUDA's fixed-shape step (llm.py says why)
     speculative: str = option(
         "none", "Speculative decoding: none | ngram (prompt lookup) | mtp (Gemma 4 assistant, --draft-model); "
         "greedy output unchanged.",

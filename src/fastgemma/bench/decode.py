@@ -186,13 +186,17 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
     if cfg.check_identity:
         params = SamplingParams(max_tokens=cfg.output_len, temperature=0.0, ignore_eos=True)
         identity = {"checked": True}
+        references: dict[EngineConfig, list[list[int]]] = {}  # engines with the same plain path share it
         for name, m in ours.items():
-            plain = LLM.from_config(m.config.plain())  # a second engine: the live one is not touched
-            first_diff = []
-            for i, ids in enumerate(prompts):
-                ref = plain.generate([ids], params)[0].token_ids
-                first_diff.append(next((j for j, (a, b) in enumerate(zip(outputs[name][i], ref)) if a != b), None))
-            del plain
+            plain_config = m.config.plain()
+            if plain_config not in references:
+                plain = LLM.from_config(plain_config)  # a second engine: the timed one is not touched
+                references[plain_config] = [plain.generate([ids], params)[0].token_ids for ids in prompts]
+                del plain
+            first_diff = [
+                next((j for j, (a, b) in enumerate(zip(outputs[name][i], ref)) if a != b), None)
+                for i, ref in enumerate(references[plain_config])
+            ]
             identity[name] = {
                 "identical_prompts": sum(d is None for d in first_diff), "prompts": len(prompts), "first_divergence": first_diff
             }

@@ -17,9 +17,3 @@ def fail(message: str) -> NoReturn:
     typer.echo(f"error: {one_line}", err=True)
     raise typer.Exit(code=2)
 
-
-def left_default(ctx: typer.Context, name: str) -> bool:
-    """The parameter `name` was not given on the command line (typer vendors click, so the
-    source is compared by name)."""
-    source = ctx.get_parameter_source(name)
-    return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")

@@ -64,16 +64,16 @@ def verify(
              "num_ppl_records": num_ppl_records, "output_len": output_len, "warmup": warmup}
     chosen = {k: (v if v is not None else sizes.get(k)) for k, v in given.items()}
     try:
-        given = dict(options or {})
-        if url is not None and (preset is not None or model is not None or given):
+        engine = dict(options or {})
+        if url is not None and (preset is not None or model is not None or engine):
             raise ValueError(
                 "--url uses a running endpoint; --model, --preset and the serve options "
-                f"({', '.join('--' + k.replace('_', '-') for k in given) or 'e.g. --dtype'}) start one: give one or the other"
+                f"({', '.join('--' + k.replace('_', '-') for k in engine) or 'e.g. --dtype'}) start one: give one or the other"
             )
         loaded = load_preset(preset) if preset is not None else None
         if loaded is not None:  # a flag given here wins over the preset
-            model, given = (model if model is not None else loaded.model), {**loaded.options, **given}
-        serve = EngineConfig(model=model, **given)
+            model, engine = (model if model is not None else loaded.model), {**loaded.options, **engine}
+        serve = EngineConfig(model=model, **engine)
         cfg = VerifyConfig(
             url=url, serve=serve, api_key=api_key, prompts=prompts, ppl_data=ppl_data,
             private_prompts=private_prompts, private_ppl_data=private_ppl_data, seed=seed,
