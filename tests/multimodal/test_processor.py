@@ -82,3 +82,18 @@ def test_text_only_model_refuses_media(tiny_text_model):
         llm.generate({"prompt": "<|image|>", "multi_modal_data": {"image": [make_image()]}})
     with pytest.raises(ValueError, match="this model has no audio tower"):
         llm.encode_inputs({"prompt": "x", "multi_modal_data": {"audio": [(make_clip(), 16000)]}})
+
+
+def test_two_media_with_no_text_between_them(mm_llm):
+    """content: [image, image] and [clip, clip]: each part its own placeholder and soft tokens."""
+    import base64
+
+    from tests.media_samples import png_bytes, wav_bytes
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png_bytes(IMAGE)).decode()}}
+    clip = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes(make_clip(1.0))).decode(), "format": "wav"}}
+    p = mm_llm.processor
+    ids, mm = mm_llm.chat_inputs([{"role": "user", "content": [image, image]}])
+    assert ids.count(p.boi_token_id) == 2 and len(mm.pixel_values) == 2
+    ids, mm = mm_llm.chat_inputs([{"role": "user", "content": [clip, clip, {"type": "text", "text": "Same?"}]}])
+    assert ids.count(p.audio_token_id) == 2 * 25 and len(mm.audio_features) == 2

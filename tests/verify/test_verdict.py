@@ -57,3 +57,11 @@ def test_failure_outranks_pending():
 def test_short_outputs_are_invalid():
     v = decide(_tps("tps", 100.0, short=1), _tps("tps-private", 100.0), 2.3, 2.42, HOLDS)
     assert v.status == "INVALID" and "1 of 8 requests did not return 64 tokens" in v.reasons[0]
+
+
+def test_a_quick_run_is_held_to_a_wider_tps_tolerance_and_says_so():
+    v = decide(_tps("tps", 100.0), _tps("tps-private", 88.0), 2.30, 2.42, HOLDS, quick=True)
+    assert v.status == "VERIFIED"
+    assert "a quick run's; a full run is held to ±5%" in v.checks[0].detail
+    assert decide(_tps("tps", 100.0), _tps("tps-private", 70.0), 2.30, 2.42, HOLDS, quick=True).status == "INVALID"
+    assert decide(_tps("tps", 100.0), _tps("tps-private", 88.0), 2.30, 2.42, HOLDS).status == "INVALID"

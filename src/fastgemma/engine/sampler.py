@@ -21,8 +21,10 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     if params.top_p < 1.0:
         sorted_x, order = torch.sort(x, descending=True)
         probs = torch.softmax(sorted_x, dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the first always stays).
+        # Drop a token when the mass before it already reaches top_p; the first always stays
+        # (a top_p that rounds to 0 in fp32 would otherwise drop every token).
         drop = (probs.cumsum(-1) - probs) >= params.top_p
+        drop[0] = False
         x = x.scatter(0, order, sorted_x.masked_fill(drop, float("-inf")))
     return torch.softmax(x, dim=-1)
 

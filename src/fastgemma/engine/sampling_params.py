@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+SAMPLING_EPS = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS): no overflow, no NaN
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16  # tokens to generate at most (vLLM's default)
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (or under SAMPLING_EPS) = greedy
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 or -1 = all
     seed: int | None = None  # per-request RNG seed: same seed, same samples
@@ -45,4 +47,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS

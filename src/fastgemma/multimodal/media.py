@@ -7,9 +7,11 @@ turns it into a 400 naming the content part and keeps serving.
 - Images: `data:image/png|jpeg|webp;base64,...` URLs. A remote (http/https) URL is fetched
   only when the caller allows it (`fastgemma serve --allow-remote-media`); otherwise it is
   refused with a message saying so. Decoded with Pillow, fully loaded (a truncated file
-  fails here, not later), at most `MAX_IMAGE_PIXELS` pixels.
+  fails here, not later), at most `MAX_IMAGE_PIXELS` pixels and `MAX_IMAGE_SIDE` per side,
+  checked from the header before the pixels are decoded.
 - Audio: base64 `wav`, `flac` or `mp3` (libsndfile via `soundfile`), or a `data:audio/...`
-  URL; at most `MAX_AUDIO_SECONDS` long (the processor's own limit).
+  URL; at most `MAX_AUDIO_SECONDS` long (the processor's own limit), read from the
+  container's header before decoding, and no more than that decoded.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fastgemma.multimodal.processor import MAX_AUDIO_SECONDS
 
 MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one decoded image or audio file
 MAX_IMAGE_PIXELS = 40_000_000
+MAX_IMAGE_SIDE = 16_384  # pixels per side: a 1 x 39,000,000 strip is refused before it is decoded
 IMAGE_FORMATS = {"PNG", "JPEG", "WEBP"}
 AUDIO_FORMATS = ("wav", "flac", "mp3")
 REMOTE_TIMEOUT_S = 10.0
@@ -88,13 +91,18 @@ def decode_image(url: str, allow_remote: bool = False):
         with Image.open(io.BytesIO(data)) as img:
             if img.format not in IMAGE_FORMATS:
                 raise MediaError(f"image format {img.format} is not supported (PNG, JPEG or WebP)")
-            if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise MediaError(f"the image has {img.width}x{img.height} pixels, over the {MAX_IMAGE_PIXELS} limit")
+            if img.width * img.height > MAX_IMAGE_PIXELS or max(img.width, img.height) > MAX_IMAGE_SIDE:
+                raise MediaError(
+                    f"the image has {img.width}x{img.height} pixels, over the limits "
+                    f"({MAX_IMAGE_PIXELS} pixels, {MAX_IMAGE_SIDE} per side)"
+                )
             return img.convert("RGB")  # decodes every pixel: a truncated file fails here
     except MediaError:
         raise
+    except Image.UnidentifiedImageError:
+        raise MediaError("cannot decode the image: it is not a PNG, JPEG or WebP file") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise MediaError(f"cannot decode the image: {e}") from None
+        raise MediaError(f"cannot decode the image: {_plain(e)}") from None
 
 
 def decode_audio(data: str, fmt: str | None = None) -> tuple[np.ndarray, int]:
@@ -108,12 +116,24 @@ def decode_audio(data: str, fmt: str | None = None) -> tuple[np.ndarray, int]:
             raise MediaError(f"audio format {fmt!r} is not supported ({', '.join(AUDIO_FORMATS)})")
         raw = _b64(data)
     try:
-        wave, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=False)
+        with soundfile.SoundFile(io.BytesIO(raw)) as f:
+            # The container's header says how long the clip is: refuse before decoding, and
+            # decode no more than the limit allows (a header may understate its length).
+            rate, allowed = f.samplerate, int(MAX_AUDIO_SECONDS * f.samplerate)
+            if f.frames > allowed:
+                raise MediaError(f"the audio clip is {f.frames / rate:.1f} s long, over the {MAX_AUDIO_SECONDS:.0f} s limit")
+            wave = f.read(frames=allowed + 1, dtype="float32", always_2d=False)
+    except MediaError:
+        raise
     except Exception as e:  # libsndfile raises its own error types for every malformed file
-        raise MediaError(f"cannot decode the audio: {e}") from None
+        raise MediaError(f"cannot decode the audio: {_plain(e)}") from None
     if wave.size == 0:
         raise MediaError("the audio clip is empty")
-    seconds = wave.shape[0] / rate
-    if seconds > MAX_AUDIO_SECONDS:
-        raise MediaError(f"the audio clip is {seconds:.1f} s long, over the {MAX_AUDIO_SECONDS:.0f} s limit")
+    if wave.shape[0] > allowed:
+        raise MediaError(f"the audio clip is over the {MAX_AUDIO_SECONDS:.0f} s limit")
     return wave, int(rate)
+
+
+def _plain(e: Exception) -> str:
+    """An exception's message without the repr of an in-memory object (`<_io.BytesIO ... at 0x...>`)."""
+    return re.sub(r"<[\w.]+ object at 0x[0-9a-f]+>", "the data", str(e))

@@ -9,8 +9,9 @@ media are given, and returns the prompt with each placeholder expanded as transf
     audio: <|audio|>  ->  <|audio> + <|audio|> * m + <audio|>,  m = valid mel frames after two
                                                                  stride-2 subsamplings (40 ms each)
 
-A placeholder run already expanded to exactly n (m) copies is kept as it is (token-id prompts
-that went through the processor elsewhere). Expansion works on ids, not text: special
+Each placeholder is one medium, also where two are adjacent; a run already expanded between
+its begin and end tokens to exactly n (m) copies is kept as it is (token-id prompts that went
+through the processor elsewhere). Expansion works on ids, not text: special
 tokens are never merged with their neighbours, so this equals the processor's text-level
 replacement followed by tokenisation, without tokenising twice.
 
@@ -128,27 +129,32 @@ def _audio_soft_tokens(mask: torch.Tensor) -> int:
 
 
 def _expand(ids: list[int], token: int, begin: int, end: int, counts: list[int], kind: str) -> list[int]:
-    """Replace the k-th run of `token` by begin + token * counts[k] + end (a run of exactly
-    counts[k] is kept as it is)."""
-    runs, i = [], 0
+    """Replace the k-th placeholder by begin + token * counts[k] + end. Each `token` is one
+    placeholder, also next to another (two media with no text between them); a run already
+    expanded (between `begin` and `end`, as the processor writes it) is one medium, kept as
+    it is when its length is counts[k]."""
+    slots, i = [], 0  # (start, end, already expanded) of each medium's placeholder(s)
     while i < len(ids):
-        if ids[i] == token:
-            j = i
-            while j < len(ids) and ids[j] == token:
-                j += 1
-            runs.append((i, j))
-            i = j
-        else:
+        if ids[i] != token:
             i += 1
-    if len(runs) != len(counts):
+            continue
+        j = i
+        while j < len(ids) and ids[j] == token:
+            j += 1
+        if i > 0 and ids[i - 1] == begin and j < len(ids) and ids[j] == end:
+            slots.append((i, j, True))
+        else:
+            slots += [(k, k + 1, False) for k in range(i, j)]
+        i = j
+    if len(slots) != len(counts):
         raise ValueError(
-            f"the prompt has {len(runs)} {kind} placeholder(s) but {len(counts)} {kind}(s) were given; "
+            f"the prompt has {len(slots)} {kind} placeholder(s) but {len(counts)} {kind}(s) were given; "
             f"put one {kind} placeholder in the prompt per {kind}"
         )
     out, prev = [], 0
-    for (s, e), n in zip(runs, counts):
+    for (s, e, expanded), n in zip(slots, counts):
         out += ids[prev:s]
-        if e - s == 1:
+        if not expanded:
             out += [begin] + [token] * n + [end]
         elif e - s == n:
             out += ids[s:e]

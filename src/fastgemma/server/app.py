@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastgemma.server import protocol as P
 from fastgemma.server.errors import error_response
 from fastgemma.server.generation import Formatter
-from fastgemma.server.handling import handle
+from fastgemma.server.handling import authorized, handle
 from fastgemma.server.metrics import Metrics
 from fastgemma.server.routes.chat import chat_completions
 from fastgemma.server.routes.completions import completions
@@ -78,7 +78,11 @@ def build_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+        if request.url.path.startswith("/v1") and not authorized(state, request):
+            return error_response(401, "invalid or missing API key: send 'Authorization: Bearer <key>'")  # as vLLM
+        response = error_response(exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})  # 405: Allow
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

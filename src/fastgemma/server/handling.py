@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -28,6 +29,8 @@ from fastgemma.server.worker import Cancelled, Job, QueueFull
 log = logging.getLogger("fastgemma.server")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_JSON_DEPTH = 64  # arrays / objects nested deeper are refused before the parser recurses
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # JSON string literals (brackets inside them do not nest)
 
 
 async def handle(
@@ -51,26 +54,68 @@ async def handle(
     return response
 
 
-def _check_auth(state: ServerState, request: Request) -> None:
+def authorized(state: ServerState, request: Request) -> bool:
+    """No key is set, or the request carries it (`Authorization: Bearer <key>`)."""
     if state.api_key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), state.api_key.encode()):
+        return True
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), state.api_key.encode())
+
+
+def _check_auth(state: ServerState, request: Request) -> None:
+    if not authorized(state, request):
         raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'")
 
 
 async def _read_json(request: Request) -> Any:
+    """The body as a JSON object: refused by its declared length before it is read, by its
+    nesting before it is parsed, and where a string holds what UTF-8 cannot carry."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise APIError(400, f"the request body nests arrays / objects deeper than {MAX_JSON_DEPTH} levels")
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    if (where := _unencodable(body, "")) is not None:
+        raise APIError(400, f"{where or 'a key'}: the string holds a lone surrogate, which UTF-8 cannot carry", where or None)
     return body
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of `[` / `{` in a JSON text, strings skipped (numpy: no Python loop)."""
+    import numpy as np
+
+    text = np.frombuffer(_STRINGS.sub(b'""', raw), dtype=np.uint8)
+    if text.size == 0:
+        return 0
+    step = np.isin(text, (ord("["), ord("{"))).astype(np.int64) - np.isin(text, (ord("]"), ord("}")))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def _unencodable(value: Any, path: str) -> str | None:
+    """The path of the first string (key or value) that is not valid Unicode text, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = f"{path}.{key}" if isinstance(key, str) and path else (key if isinstance(key, str) else f"{path}[{key}]")
+        if isinstance(key, str) and _unencodable(key, where) is not None:
+            return where
+        if (found := _unencodable(item, where)) is not None:
+            return found
+    return None
 
 
 def json_response(model: Any, status: int = 200) -> Response:

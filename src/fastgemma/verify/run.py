@@ -113,7 +113,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
         identity = compare(captured, {}, "none")
 
     verdict = decide(public, private, ppl.ppl, cap, identity,
-                     private_ppl.ppl if private_ppl else None, private_cap if private_ppl else None)
+                     private_ppl.ppl if private_ppl else None, private_cap if private_ppl else None, quick=cfg.quick)
     summary: dict[str, Any] = {
         "verdict": verdict.status, "reasons": verdict.reasons,
         "tps": public.output_tps, "output_tps": public.output_tps, "total_tps": public.total_tps,

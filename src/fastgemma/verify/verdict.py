@@ -1,7 +1,9 @@
 """The verdict: VERIFIED, INVALID or PENDING, with one check per rule and its reason.
 
 Rules (the challenge's verification):
-- tps re-run: the private re-run's TPS within ±5% of the public TPS;
+- tps re-run: the private re-run's TPS within ±5% of the public TPS (a `--quick` run, a few
+  short requests whose TPS moves by 10-15% run to run on a quiet 2-core machine, is held to
+  ±25% and says so: the challenge's ±5% is judged on a full run);
 - ppl cap: PPL <= cap = reference PPL × 1.05 (also for the private PPL data when given);
 - greedy identity: served greedy ids equal plain greedy decoding on every audited prompt;
 - output length: every timed request emitted exactly output len tokens (ignore_eos held),
@@ -18,6 +20,7 @@ from fastgemma.verify.identity import IdentityResult
 from fastgemma.verify.tps import TpsResult
 
 TPS_TOLERANCE = 0.05
+QUICK_TPS_TOLERANCE = 0.25
 PPL_CAP_FACTOR = 1.05
 PASS, FAIL, PENDING = "pass", "fail", "pending"
 
@@ -47,10 +50,11 @@ class Verdict:
                 "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks]}
 
 
-def tps_check(public: TpsResult, private: TpsResult) -> Check:
+def tps_check(public: TpsResult, private: TpsResult, tolerance: float = TPS_TOLERANCE) -> Check:
     change = private.output_tps / public.output_tps - 1.0
-    detail = f"private {private.output_tps:.2f} vs public {public.output_tps:.2f} tok/s ({100 * change:+.1f}%, limit ±{100 * TPS_TOLERANCE:g}%)"
-    return Check("tps re-run", PASS if abs(change) <= TPS_TOLERANCE else FAIL, detail)
+    detail = f"private {private.output_tps:.2f} vs public {public.output_tps:.2f} tok/s ({100 * change:+.1f}%, limit ±{100 * tolerance:g}%"
+    detail += ", a quick run's; a full run is held to ±5%)" if tolerance != TPS_TOLERANCE else ")"
+    return Check("tps re-run", PASS if abs(change) <= tolerance else FAIL, detail)
 
 
 def ppl_check(name: str, ppl: float, cap: float | None) -> Check:
@@ -79,8 +83,8 @@ def length_check(runs: list[TpsResult]) -> Check:
 
 
 def decide(public: TpsResult, private: TpsResult, ppl: float, cap: float | None, identity: IdentityResult,
-           private_ppl: float | None = None, private_cap: float | None = None) -> Verdict:
-    checks = [tps_check(public, private), ppl_check("ppl cap", ppl, cap)]
+           private_ppl: float | None = None, private_cap: float | None = None, quick: bool = False) -> Verdict:
+    checks = [tps_check(public, private, QUICK_TPS_TOLERANCE if quick else TPS_TOLERANCE), ppl_check("ppl cap", ppl, cap)]
     if private_ppl is not None:
         checks.append(ppl_check("private ppl cap", private_ppl, private_cap))
     checks += [identity_check(identity), length_check([public, private])]
