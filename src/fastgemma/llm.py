@@ -101,6 +101,7 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty; give some text or token ids")
+            self.check_text_fits(prompt)
             return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
@@ -108,7 +109,18 @@ class LLM:
 
     def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        self.check_text_fits(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def check_text_fits(self, text: str) -> None:
+        """ValueError, before tokenising, for a text longer in bytes than max_model_len tokens
+        can hold: a 50 MB prompt is refused at once, not after a minute of tokenising."""
+        limit = self.max_model_len * self.tokenizer.max_token_bytes
+        if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise ValueError(
+                f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes, more than max_model_len "
+                f"{self.max_model_len} tokens can hold (at most {self.tokenizer.max_token_bytes} bytes each); shorten it"
+            )
 
     def encode_inputs(self, prompt: Prompt) -> tuple[list[int], MultimodalInputs | None]:
         """A prompt (text, ids, or vLLM's dict with `multi_modal_data`) -> (ids with soft-token

@@ -9,6 +9,7 @@ still loads: token-id prompts work, decoded text is empty, and a text prompt rai
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,13 @@ class Tokenizer:
         if self.hf is None:
             raise ValueError("this model folder has no tokenizer files; pass token ids instead of text")
         return self.hf
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token stands for (an upper bound: byte-fallback pieces count
+        their spelling): a text of more bytes than max_model_len x this cannot fit."""
+        vocab = self._require().get_vocab()
+        return max(len(piece.replace("\u2581", " ").encode("utf-8", "surrogatepass")) for piece in vocab)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._require().encode(text, add_special_tokens=add_special_tokens))

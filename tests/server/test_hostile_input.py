@@ -113,3 +113,18 @@ def test_json_depth_counts_outside_strings():
     assert json_depth(json.dumps({"a": "[[[[{{{{", "b": [[1]]}).encode()) == 3
     assert json_depth(b'{"x": "\\"[[", "y": {}}') == 2
     assert json_depth(b"[" * 70 + b"]" * 70) == 70
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_prompt_too_long_in_bytes_is_refused_before_tokenising(client, server, path):
+    llm = server.state.llm
+    huge = "word " * 1_000_000  # 5 MB, far more than max_model_len tokens can hold
+    body = {"prompt": huge, "max_tokens": 1} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": huge}], "max_tokens": 1}
+    start = time.monotonic()
+    r = client.post(path, json=body)
+    assert r.status_code == 400 and "bytes, more than max_model_len" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - start < 3
+    limit = llm.max_model_len * llm.tokenizer.max_token_bytes
+    assert limit < len(huge) and llm.tokenizer.max_token_bytes >= max(len(p) for p in ("hello", " world"))
+    _still_serves(client)
