@@ -101,16 +101,68 @@ def build_app(
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_documented(None, P.ModelList))
     async def models_route(request: Request) -> Response:
         return await handle(state, request, "/v1/models", lambda body: models(state, body), parse=False)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **_documented(P.CompletionRequest, P.CompletionResponse, P.CompletionStreamResponse))
     async def completions_route(request: Request) -> Response:
         return await handle(state, request, "/v1/completions", lambda body: completions(state, request, body))
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        **_documented(P.ChatCompletionRequest, P.ChatCompletionResponse, P.ChatCompletionStreamResponse),
+    )
     async def chat_route(request: Request) -> Response:
         return await handle(state, request, "/v1/chat/completions", lambda body: chat_completions(state, request, body))
 
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+# ---- the OpenAPI document ---------------------------------------------------------------
+# The handlers read the raw body (to refuse hostile input before pydantic sees it), so
+# FastAPI cannot infer the request models; they are declared here, with the responses, so
+# that client generators and fuzzers can use /openapi.json.
+
+_DOCUMENTED = (P.CompletionRequest, P.ChatCompletionRequest, P.ModelList, P.CompletionResponse,
+               P.CompletionStreamResponse, P.ChatCompletionResponse, P.ChatCompletionStreamResponse)
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(model: type) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _documented(request: type | None, response: type, stream: type | None = None) -> dict[str, Any]:
+    """Route keyword arguments declaring the JSON body, the response and (streaming) its SSE chunks."""
+    content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
+    if stream is not None:
+        content["text/event-stream"] = {"schema": {"type": "string", "description": f"data: {stream.__name__} lines, then [DONE]"}}
+    error = {"description": "OpenAI-style error", "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+    responses = {200: {"description": "OK", "content": content}, 400: error, 401: error, 404: error, 429: error}
+    if request is None:
+        return responses
+    body = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+    return {"responses": responses, "openapi_extra": {"requestBody": body}}
+
+
+_ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+        "code": {"type": "integer"},
+    }}},
+}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+        from pydantic.json_schema import models_json_schema
+
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        _, defs = models_json_schema([(m, "validation") for m in _DOCUMENTED], ref_template=_REF)
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+        app.openapi_schema = doc
+    return app.openapi_schema
