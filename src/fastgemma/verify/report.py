@@ -81,7 +81,7 @@ def render_table(summary: dict[str, Any]) -> None:
     table.add_column("check")
     table.add_column("status")
     table.add_column("detail")
-    style = {"pass": "green", "fail": "red", "pending": "yellow"}
+    style = {"pass": "green", "fail": "red", "pending": "yellow", "info": "cyan"}
     for c in summary["checks"]:
         table.add_row(c["name"], f"[{style[c['status']]}]{c['status']}[/]", c["detail"])
     console = Console()

@@ -1,9 +1,10 @@
 """The verdict: VERIFIED, INVALID or PENDING, with one check per rule and its reason.
 
 Rules (the challenge's verification):
-- tps re-run: the private re-run's TPS within ±5% of the public TPS (a `--quick` run, a few
-  short requests whose TPS moves by 10-15% run to run on a quiet 2-core machine, is held to
-  ±25% and says so: the challenge's ±5% is judged on a full run);
+- tps re-run: the private re-run's TPS within ±5% of the public TPS. A `--quick` run reports
+  the change but does not judge it ("info"): four 64-token requests per side moved by up to
+  26% run to run on a quiet 2-core VM, so no tolerance would mean anything; the challenge's
+  ±5% is judged on a full run;
 - ppl cap: PPL <= cap = reference PPL × 1.05 (also for the private PPL data when given);
 - greedy identity: served greedy ids equal plain greedy decoding on every audited prompt;
 - output length: every timed request emitted exactly output len tokens (ignore_eos held),
@@ -20,9 +21,8 @@ from fastgemma.verify.identity import IdentityResult
 from fastgemma.verify.tps import TpsResult
 
 TPS_TOLERANCE = 0.05
-QUICK_TPS_TOLERANCE = 0.25
 PPL_CAP_FACTOR = 1.05
-PASS, FAIL, PENDING = "pass", "fail", "pending"
+PASS, FAIL, PENDING, INFO = "pass", "fail", "pending", "info"  # info: reported, not judged
 
 
 @dataclass(frozen=True)
@@ -43,18 +43,19 @@ class Verdict:
 
     @property
     def reasons(self) -> list[str]:
-        return [f"{c.name}: {c.detail}" for c in self.checks if c.status != PASS]
+        return [f"{c.name}: {c.detail}" for c in self.checks if c.status not in (PASS, INFO)]
 
     def to_dict(self) -> dict[str, object]:
         return {"verdict": self.status, "reasons": self.reasons,
                 "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks]}
 
 
-def tps_check(public: TpsResult, private: TpsResult, tolerance: float = TPS_TOLERANCE) -> Check:
+def tps_check(public: TpsResult, private: TpsResult, quick: bool = False) -> Check:
     change = private.output_tps / public.output_tps - 1.0
-    detail = f"private {private.output_tps:.2f} vs public {public.output_tps:.2f} tok/s ({100 * change:+.1f}%, limit ±{100 * tolerance:g}%"
-    detail += ", a quick run's; a full run is held to ±5%)" if tolerance != TPS_TOLERANCE else ")"
-    return Check("tps re-run", PASS if abs(change) <= tolerance else FAIL, detail)
+    detail = f"private {private.output_tps:.2f} vs public {public.output_tps:.2f} tok/s ({100 * change:+.1f}%"
+    if quick:
+        return Check("tps re-run", INFO, detail + "; not judged in a quick run: a full run is held to ±5%)")
+    return Check("tps re-run", PASS if abs(change) <= TPS_TOLERANCE else FAIL, detail + f", limit ±{100 * TPS_TOLERANCE:g}%)")
 
 
 def ppl_check(name: str, ppl: float, cap: float | None) -> Check:
@@ -84,7 +85,7 @@ def length_check(runs: list[TpsResult]) -> Check:
 
 def decide(public: TpsResult, private: TpsResult, ppl: float, cap: float | None, identity: IdentityResult,
            private_ppl: float | None = None, private_cap: float | None = None, quick: bool = False) -> Verdict:
-    checks = [tps_check(public, private, QUICK_TPS_TOLERANCE if quick else TPS_TOLERANCE), ppl_check("ppl cap", ppl, cap)]
+    checks = [tps_check(public, private, quick), ppl_check("ppl cap", ppl, cap)]
     if private_ppl is not None:
         checks.append(ppl_check("private ppl cap", private_ppl, private_cap))
     checks += [identity_check(identity), length_check([public, private])]
