@@ -125,11 +125,25 @@ def test_gemma4_checkpoint_with_unused_shared_kv_weights(tiny_e4b, tmp_path):
     assert [e.logprob for e in a.prompt_logprobs(ids)[1:]] == [e.logprob for e in b.prompt_logprobs(ids)[1:]]
 
 
-def test_interleaved_streams_are_refused(tiny):
-    first = tiny.stream([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
-    next(first)
-    second = tiny.stream([4, 5], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
-    with pytest.raises(RuntimeError, match="one stream at a time"):
-        next(second)
-    first.close()  # cancels the first request; the engine is free again
-    assert len(tiny.generate([[4, 5]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0].token_ids) == 3
+def test_interleaved_streams_and_scoring_give_what_each_gets_alone(tiny):
+    """Streams consumed in turn share the engine (each one's loop steps it); scoring inside a
+    stream's loop works in a cache slot of its own and leaves the stream's tokens unchanged."""
+    p = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    alone = [tiny.generate([ids], p)[0].token_ids for ids in ([1, 2, 3], [4, 5])]
+    scored_alone = tiny.score([9, 8, 7, 6])
+    first, second = tiny.stream([1, 2, 3], p), tiny.stream([4, 5], p)
+    got: list[list[int]] = [[], []]
+    scored = []
+    for a, b in zip(first, second):
+        got[0].append(a.token_id)
+        got[1].append(b.token_id)
+        if len(got[0]) == 3:
+            scored = tiny.score([9, 8, 7, 6])
+    assert got == alone and scored == scored_alone
+    early = tiny.stream([1, 2, 3], p)
+    next(early)
+    early.close()  # cancels the request; its slot is free again
+    assert not tiny.engine.has_unfinished()
+    assert tiny.generate([[4, 5]], p)[0].token_ids == alone[1]
+
+

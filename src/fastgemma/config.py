@@ -101,6 +101,17 @@ class EngineConfig:
         512, "Prompt tokens per prefill forward (bounds activation memory; not tuned: it changes bf16 rounding).",
         flag="--prefill-chunk", low=1, numerics=True,
     )
+    # Continuous batching (engine/scheduler.py): a cache slot per running sequence, allocated at
+    # start (models/kv_cache.py); the plain path runs one sequence at a time.
+    max_num_seqs: int = option(
+        8, "Sequences decoded together (each holds a KV-cache slot, allocated at start); more requests wait.",
+        flag="--max-num-seqs", low=1, high=1024, plain=1,
+    )
+    max_num_batched_tokens: int | None = option(
+        None, "Tokens one engine step computes: decode rows plus prompt chunks (default: prefill-chunk + "
+        "max-num-seqs, one chunk beside a full batch).",
+        flag="--max-num-batched-tokens", low=1, plain=None,
+    )
     kernels: str = option(
         "auto", "auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA, and CUDA's fixed-shape decode step | "
         "torch: stock per-op paths only.",
@@ -168,6 +179,11 @@ class EngineConfig:
         if self.speculative != "none" and self.kernels == "torch":
             raise ValueError(
                 "speculative decoding needs fastgemma's kernels (kernels=auto): with kernels=torch use speculative=none"
+            )
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.prefill_chunk:
+            raise ValueError(
+                f"max_num_batched_tokens {self.max_num_batched_tokens} is below prefill_chunk {self.prefill_chunk}: "
+                "a prompt chunk would never fit a step; raise --max-num-batched-tokens or lower --prefill-chunk"
             )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(

@@ -1,7 +1,9 @@
 """The Python API, in vLLM's names: `LLM(model=...).generate(prompts, SamplingParams(...))`.
 
-Owns text: prompts are encoded here, outputs decoded here, stop strings matched here. The
-engine below sees token ids only. One request runs at a time, in submission order.
+Owns text: prompts are encoded here, outputs decoded here, stop strings matched here
+(`RequestStream`). The engine below sees token ids only and batches whatever is unfinished:
+`generate` with many prompts runs them together (up to `max_num_seqs` at once), and streams
+may be consumed interleaved (each one's loop steps the shared engine when it has nothing new).
 
     llm = LLM()                                   # the embedded Gemma 3 270M
     out = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0.0))[0]
@@ -75,6 +77,7 @@ class LLM:
         self.runner = ModelRunner(
             loaded.model, loaded.max_model_len, prefill_chunk=c.prefill_chunk, num_speculative_tokens=spare,
             towers=loaded.towers, static_steps=static_steps, enforce_eager=c.enforce_eager,
+            max_num_seqs=c.max_num_seqs,
         )
         proposer: NgramProposer | MtpProposer | None = None
         if c.speculative == "ngram":
@@ -85,7 +88,9 @@ class LLM:
                 loaded.model.kernels,
             )
             proposer = MtpProposer(assistant, loaded.model, self.runner.cache, c.num_speculative_tokens)
-        self.engine = LLMEngine(self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer)
+        self.engine = LLMEngine(
+            self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer, c.max_num_batched_tokens
+        )
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -169,19 +174,22 @@ class LLM:
         encoded = [self.encode_inputs(p) for p in prompts]  # validate all before running any
         for ids, _ in encoded:
             self.engine.validate_prompt(ids)
+        streams = [self.add_request(ids, params, mm) for ids, mm in encoded]
+        texts = [""] * len(streams)
+        try:
+            while not all(s.closed for s in streams):
+                self.engine.step()
+                for i, s in enumerate(streams):
+                    texts[i] += "".join(d.text for d in s.pull())
+        finally:
+            for s in streams:
+                self.engine.finish(s.seq, "abort")  # no-op when finished
         outputs = []
-        for i, (prompt, (ids, mm)) in enumerate(zip(prompts, encoded)):
+        for i, (prompt, (ids, _), s, text) in enumerate(zip(prompts, encoded, streams, texts)):
             prompt_text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
-            text = prompt_text if isinstance(prompt_text, str) else None
-            outputs.append(RequestOutput(str(i), text, ids, [self._complete(ids, params, mm)]))
+            outputs.append(RequestOutput(str(i), prompt_text if isinstance(prompt_text, str) else None, ids,
+                                         [_completion(s.seq, text)]))
         return outputs
-
-    def _complete(self, ids: list[int], params: SamplingParams, mm: MultimodalInputs | None) -> CompletionOutput:
-        text = ""
-        for delta, seq in self.stream_ids(ids, params, mm):  # noqa: B007 (seq: the finished sequence, read below)
-            text += delta.text
-        logprobs = seq.output_logprobs if params.logprobs is not None else None
-        return CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, logprobs)
 
     def chat(
         self,
@@ -193,7 +201,10 @@ class LLM:
         Remote image URLs are fetched only with `allow_remote_media`."""
         ids, mm = self.chat_inputs(messages, allow_remote_media)
         self.engine.validate_prompt(ids)
-        return RequestOutput("0", None, ids, [self._complete(ids, sampling_params or SamplingParams(), mm)])
+        text, seq = "", None
+        for delta, seq in self.stream_ids(ids, sampling_params or SamplingParams(), mm):  # noqa: B007
+            text += delta.text
+        return RequestOutput("0", None, ids, [_completion(seq, text)])
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield text deltas as tokens are generated; closing the iterator cancels the request."""
@@ -201,41 +212,30 @@ class LLM:
         for delta, _ in self.stream_ids(ids, sampling_params or SamplingParams(), mm):
             yield delta
 
+    def add_request(
+        self, ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
+    ) -> RequestStream:
+        """Queue one token-id prompt in the engine; its text comes from the returned stream's
+        `pull()` as the engine steps."""
+        return RequestStream(self.engine, self.tokenizer, self.engine.add_request(ids, params, multimodal))
+
     def stream_ids(
         self, ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
     ) -> Iterator[tuple[StreamDelta, Sequence]]:
-        """Run one token-id prompt (with its tower inputs, if any); yield each step's delta with
-        the live `Sequence` (its `output_logprobs` when `params.logprobs` is set). Closing the
-        iterator aborts it."""
-        seq = self.engine.add_request(ids, params, multimodal)
-        decoder = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
-        # Text that could be the start of a stop string is held back until it cannot be.
-        hold = max((len(s) for s in params.stop), default=1) - 1
-        text, emitted = "", 0
-        done = 0  # output tokens yielded so far
+        """Run one token-id prompt (with its tower inputs, if any); yield each token's delta with
+        the live `Sequence` (its `output_logprobs` when `params.logprobs` is set). The engine
+        steps whenever this stream has nothing new, advancing every unfinished request.
+        Closing the iterator aborts it."""
+        stream = self.add_request(ids, params, multimodal)
         try:
-            while not seq.is_finished:
-                if self.engine.next_sequence() is not seq:
-                    raise RuntimeError("another request is running on this LLM; consume one stream at a time")
-                self.engine.step()  # one token, or several with speculative decoding
-                new, ended = seq.output_token_ids[done:], seq.is_finished
-                for i, token_id in enumerate(new):
-                    done += 1
-                    last = ended and i == len(new) - 1
-                    text += decoder.push(token_id)
-                    if last:
-                        text += decoder.flush()
-                    stopped = False
-                    if params.stop and (cut := _find_stop(text, params.stop, max(0, emitted - hold))) >= 0:
-                        text, stopped, last = text[:cut], True, True
-                        self.engine.finish(seq, "stop", num_output_tokens=done)
-                    end = len(text) if last else max(emitted, len(text) - hold)
-                    delta, emitted = text[emitted:end], end
-                    yield StreamDelta(delta, token_id, seq.finish_reason if last else None), seq
-                    if stopped:
-                        break
+            while not stream.closed:
+                deltas = stream.pull()
+                if not deltas and not stream.closed:
+                    self.engine.step()
+                for delta in deltas:
+                    yield delta, stream.seq
         finally:
-            self.engine.finish(seq, "abort")  # no-op when already finished
+            self.engine.finish(stream.seq, "abort")  # no-op when already finished
 
     # ---- scoring -------------------------------------------------------------------------
 
@@ -244,8 +244,51 @@ class LLM:
         return [None if e is None else e.logprob for e in self.prompt_logprobs(token_ids)]
 
     def prompt_logprobs(self, token_ids: list[int], top: int = 0) -> list[PositionLogprob | None]:
+        """Teacher-forced scores of every position, in a cache slot of its own: running
+        requests are not disturbed (engine/llm_engine.py)."""
         self.engine.validate_prompt(token_ids)
-        return self.runner.prompt_logprobs(list(token_ids), top)
+        return self.engine.prompt_logprobs(list(token_ids), top)
+
+
+class RequestStream:
+    """One request's text as the engine advances its sequence: `pull()` turns the tokens it
+    got since the last pull into `StreamDelta`s (one per token), UTF-8 safe, holding back
+    text that could begin a stop string; a matched stop string ends the sequence there.
+    `closed` once the last delta was given."""
+
+    def __init__(self, engine: LLMEngine, tokenizer: Any, seq: Sequence):
+        self.engine, self.seq, params = engine, seq, seq.params
+        self.decoder = IncrementalDecoder(tokenizer, params.skip_special_tokens)
+        self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars held back
+        self.text, self.emitted, self.done = "", 0, 0  # all text, text given out, tokens seen
+        self.closed = False
+
+    def pull(self) -> list[StreamDelta]:
+        seq, params, out = self.seq, self.seq.params, []
+        new, ended = seq.output_token_ids[self.done :], seq.is_finished
+        if ended and not new:
+            self.closed = True  # finished without a new token (aborted)
+        for i, token_id in enumerate(new):
+            self.done += 1
+            last = ended and i == len(new) - 1
+            self.text += self.decoder.push(token_id)
+            if last:
+                self.text += self.decoder.flush()
+            if params.stop and (cut := _find_stop(self.text, params.stop, max(0, self.emitted - self.hold))) >= 0:
+                self.text, last = self.text[:cut], True
+                self.engine.finish(seq, "stop", num_output_tokens=self.done)
+            end = len(self.text) if last else max(self.emitted, len(self.text) - self.hold)
+            delta, self.emitted = self.text[self.emitted : end], end
+            out.append(StreamDelta(delta, token_id, seq.finish_reason if last else None))
+            if last:
+                self.closed = True
+                break
+        return out
+
+
+def _completion(seq: Sequence, text: str) -> CompletionOutput:
+    logprobs = seq.output_logprobs if seq.params.logprobs is not None else None
+    return CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, logprobs)
 
 
 def _check_speculative(model, static_steps: bool) -> None:

@@ -9,22 +9,24 @@ import pytest
 import torch
 
 from fastgemma.engine.llm_engine import LLMEngine
+from fastgemma.engine.model_runner import DecodeResult, DecodeRows
 from fastgemma.engine.sampling_params import SamplingParams
-from fastgemma.engine.sequence import Status
 
 V = 32  # vocabulary
 EOS = 31
 
 
 class CountingRunner:
-    """Predicts (token + 1) % V after every token: logits one-hot at that id. Records calls."""
+    """Predicts (token + 1) % V after every token: logits one-hot at that id. Records calls:
+    ("prefill", chunk, start, slot) and ("decode", [(slot, ids, position), ...])."""
 
     device = torch.device("cpu")
 
-    def __init__(self, max_model_len: int = 64):
-        self.max_model_len = max_model_len
+    def __init__(self, max_model_len: int = 64, num_seqs: int = 1, prefill_chunk: int = 512):
+        self.max_model_len, self.prefill_chunk = max_model_len, prefill_chunk
         self.cache = SimpleNamespace(max_decode_like_tokens=8)
-        self.calls: list[tuple[str, list[int], int]] = []
+        self.pool = SimpleNamespace(num_seqs=num_seqs, seqs=[self.cache] * num_seqs)
+        self.calls: list[tuple] = []
         self.last_hidden: torch.Tensor | None = None
 
     @staticmethod
@@ -33,21 +35,27 @@ class CountingRunner:
         rows[torch.arange(len(ids)), torch.tensor([(t + 1) % V for t in ids])] = 10.0
         return rows
 
-    def prefill(self, ids: list[int], start: int = 0, multimodal=None) -> torch.Tensor:
-        self.calls.append(("prefill", list(ids), start))
-        self.last_hidden = torch.zeros(len(ids), 4)
-        return self._rows(ids)[-1]
+    def prefill_from(self, ids: list[int], start: int, slot: int, soft=None) -> torch.Tensor:
+        chunk = ids[start : start + self.prefill_chunk]
+        self.calls.append(("prefill", list(chunk), start, slot))
+        self.last_hidden = torch.zeros(len(chunk), 4)
+        return self._rows(chunk)[-1]
 
-    def verify(self, ids: list[int], position: int, greedy: bool):
-        self.calls.append(("verify", list(ids), position))
-        self.last_hidden = torch.zeros(len(ids), 4)
-        rows = self._rows(ids)
-        return torch.argmax(rows, dim=-1).tolist() if greedy else rows
+    def decode_batch(self, batch: list[DecodeRows]) -> list[DecodeResult]:
+        self.calls.append(("decode", [(r.slot, list(r.ids), r.position) for r in batch]))
+        out = []
+        for r in batch:
+            rows = self._rows(r.ids)
+            tokens = torch.argmax(rows, dim=-1).tolist() if r.greedy else None
+            out.append(DecodeResult(tokens, None if r.greedy else rows, torch.zeros(len(r.ids), 4)))
+        self.last_hidden = out[-1].hidden
+        return out
 
 
-def _engine(proposer=None, max_model_len: int = 64) -> tuple[LLMEngine, CountingRunner]:
-    runner = CountingRunner(max_model_len)
-    return LLMEngine(runner, (EOS,), V, proposer), runner  # type: ignore[arg-type]
+def _engine(proposer=None, max_model_len: int = 64, num_seqs: int = 1, prefill_chunk: int = 512,
+            max_num_batched_tokens: int | None = None) -> tuple[LLMEngine, CountingRunner]:
+    runner = CountingRunner(max_model_len, num_seqs, prefill_chunk)
+    return LLMEngine(runner, (EOS,), V, proposer, max_num_batched_tokens), runner  # type: ignore[arg-type]
 
 
 def _run(engine: LLMEngine) -> None:
@@ -55,16 +63,43 @@ def _run(engine: LLMEngine) -> None:
         engine.step()
 
 
-def test_requests_run_one_at_a_time_in_order():
+def test_with_one_slot_requests_run_one_at_a_time_in_order():
     engine, runner = _engine()
     a = engine.add_request([1, 2], SamplingParams(max_tokens=3, temperature=0.0))
     b = engine.add_request([7], SamplingParams(max_tokens=2, temperature=0.0))
-    assert engine.next_sequence() is a and b.status is Status.WAITING
     _run(engine)
     assert a.output_token_ids == [3, 4, 5] and b.output_token_ids == [8, 9]
-    assert [c[0] for c in runner.calls] == ["prefill", "verify", "verify", "prefill", "verify"]
-    assert runner.calls[1] == ("verify", [3], 2)  # the last token at its position
+    assert [c[0] for c in runner.calls] == ["prefill", "decode", "decode", "prefill", "decode"]
+    assert runner.calls[1] == ("decode", [(0, [3], 2)])  # the last token at its position, slot 0
     assert a.finish_reason == b.finish_reason == "length"
+
+
+def test_sequences_decode_together_and_a_finished_ones_slot_is_reused():
+    engine, runner = _engine(num_seqs=2)
+    a = engine.add_request([1, 2], SamplingParams(max_tokens=3, temperature=0.0))
+    b = engine.add_request([7], SamplingParams(max_tokens=1, temperature=0.0))
+    c = engine.add_request([20], SamplingParams(max_tokens=2, temperature=0.0))
+    assert engine.step() == [a, b]  # both prompts in one step; b is done (one token)
+    assert [s.slot for s in (a, b)] == [0, 1] and b.is_finished and c.slot is None
+    engine.step()  # c takes b's slot; its prompt runs beside a's decode
+    assert c.slot == 1 and runner.calls[-2:] == [("prefill", [20], 0, 1), ("decode", [(0, [3], 2)])]
+    _run(engine)
+    assert a.output_token_ids == [3, 4, 5] and b.output_token_ids == [8] and c.output_token_ids == [21, 22]
+    assert ("decode", [(0, [4], 3), (1, [21], 1)]) in runner.calls  # one forward for both
+
+
+def test_a_long_prompt_is_chunked_within_the_token_budget_beside_running_decodes():
+    engine, runner = _engine(num_seqs=2, prefill_chunk=4, max_num_batched_tokens=5)
+    a = engine.add_request([1], SamplingParams(max_tokens=6, temperature=0.0))
+    engine.step()
+    b = engine.add_request(list(range(1, 11)), SamplingParams(max_tokens=1, temperature=0.0))
+    _run(engine)
+    prefills = [c for c in runner.calls if c[0] == "prefill" and c[3] == b.slot and c[1] != [1]]
+    assert [(c[1][0], c[2]) for c in prefills] == [(1, 0), (5, 4), (9, 8)]  # absolute chunks of 4
+    assert a.output_token_ids == [2, 3, 4, 5, 6, 7] and b.output_token_ids == [11]
+    # every step while b's prompt ran still decoded a: no stream freezes
+    steps = [c for c in runner.calls if c[0] == "decode"]
+    assert len(steps) == 5
 
 
 @pytest.mark.parametrize("params, prompt, output, reason", [
@@ -97,7 +132,7 @@ def test_finish_aborts_a_waiting_request_and_cuts_outputs():
     a = engine.add_request([1], SamplingParams(max_tokens=4, temperature=0.0))
     b = engine.add_request([2], SamplingParams(max_tokens=4, temperature=0.0))
     engine.finish(b, "abort")
-    assert b.finish_reason == "abort" and engine.next_sequence() is a
+    assert b.finish_reason == "abort" and list(engine.scheduler.waiting) == [a]
     engine.step()
     engine.step()
     engine.finish(a, "stop", num_output_tokens=1)  # a stop string matched after the first token
@@ -110,7 +145,7 @@ class FixedDraft:
     def __init__(self, k: int, right: int):
         self.k, self.right = k, right
 
-    def propose(self, ids: list[int], limit: int, hidden) -> list[int]:
+    def propose(self, ids: list[int], limit: int, hidden, cache=None) -> list[int]:
         good = [(ids[-1] + 1 + i) % V for i in range(self.right)]
         return (good + [0] * self.k)[: min(self.k, limit)]
 
@@ -121,10 +156,10 @@ def test_drafts_are_verified_and_counted():
     _run(engine)
     assert seq.output_token_ids == [2, 3, 4, 5, 6, 7, 8]  # the drafts change nothing
     first = runner.calls[1]
-    assert first == ("verify", [2, 3, 4, 0], 1)  # the last token and three drafted
+    assert first == ("decode", [(0, [2, 3, 4, 0], 1)])  # the last token and three drafted
     stats = engine.spec_stats
     assert stats.num_drafts == 2 and stats.num_accepted_tokens == 4  # two kept per step, +1 from the target each
-    assert runner.calls[-1][1][0] == 5  # the second step starts after the accepted tokens
+    assert runner.calls[-1][1][0][1][0] == 5  # the second step starts after the accepted tokens
 
 
 def test_the_draft_never_runs_past_max_tokens():
@@ -132,7 +167,7 @@ def test_the_draft_never_runs_past_max_tokens():
     seq = engine.add_request([1], SamplingParams(max_tokens=3, temperature=0.0))
     _run(engine)
     assert seq.output_token_ids == [2, 3, 4]
-    assert len(runner.calls[1][1]) == 2  # the last token + 1 draft: 1 emitted, the target gives the third
+    assert len(runner.calls[1][1][0][1]) == 2  # the last token + 1 draft: 1 emitted, the target gives the third
 
 
 def test_logprobs_and_seeded_sampling():

@@ -59,17 +59,17 @@ def test_each_round_reads_exactly_the_accepted_context(drafters):
     proposer = spec.engine.proposer
     propose, rounds = proposer.propose, []
 
-    def checked(ids, limit=None, hidden=None):
+    def checked(ids, limit=None, hidden=None, cache=None):  # cache: the sequence's slot (requests batch)
         p = len(ids) - 1
         ref.runner.prefill(ids[:-1])
         want = proposer.assistant.context_kv(ref.spec, ref.runner.cache, p)
-        got = proposer.assistant.context_kv(spec.spec, spec.runner.cache, p)
+        got = proposer.assistant.context_kv(spec.spec, cache, p)
         for layer_type in want:
             for a, b in zip(got[layer_type], want[layer_type]):
                 assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4), (p, layer_type)
         assert torch.allclose(hidden, ref.runner.last_hidden[-1], atol=1e-4), p  # prefill vs decode summation order
         rounds.append(p)
-        return propose(ids, limit, hidden)
+        return propose(ids, limit, hidden, cache)
 
     proposer.propose = checked
     spec.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))

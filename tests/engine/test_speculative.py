@@ -79,7 +79,7 @@ class _PartlyRight:
     def __init__(self, plain: dict[tuple[int, ...], list[int]], k: int):
         self.plain, self.k, self.calls = plain, k, 0
 
-    def propose(self, ids: list[int], limit: int | None = None, hidden=None) -> list[int]:
+    def propose(self, ids: list[int], limit: int | None = None, hidden=None, cache=None) -> list[int]:
         self.calls += 1
         for prompt, out in self.plain.items():
             n = len(prompt)

@@ -1,34 +1,39 @@
-"""The engine loop: requests in, tokens out (one per step, or more with a draft), in FIFO order.
+"""The engine loop: requests in, tokens out, many sequences per step (continuous batching).
 
     def step(self):
-        seq, is_prefill = self.schedule()
-        if is_prefill: token = sample(self.runner.prefill(...)); postprocess(seq, [token])
-        draft = self.propose(seq)                                  # [] without a drafter
-        rows = self.runner.verify([seq.last_token_id, *draft], ...)  # K + 1 rows; K = 0: a decode step
-        tokens = accept_greedy(draft, rows) or accept_sampled(...)   # engine/speculative.py
-        self.postprocess(seq, tokens, rows)
+        plan = self.scheduler.schedule()              # engine/scheduler.py: who runs, what
+        for seq in plan.prefills:                     # one prompt chunk each; the last one
+            self.prefill(seq)                         #   samples the first token
+        self.decode(plan.decodes)                     # one forward over every decoding row:
+            # per sequence [last token, *draft] -> runner.decode_batch -> accept -> postprocess
+        return the sequences that got tokens
 
 Drafters: n-gram lookup (engine/ngram.py) or the Gemma 4 MTP assistant (engine/mtp.py),
 which also reads `seq.target_hidden`: the target's hidden row behind the last emitted token.
+Rows of a step: every decoding sequence gets one; the rest of `NATIVE_MAX_ROWS` (one
+forward's rows, which read the weights once) go to drafts, in admission order. So a lone
+sequence drafts as before and a full batch decodes without drafts: once the rows no longer
+fit one forward, a draft costs what it might save.
 
-One sequence runs at a time (batch 1, the challenge's concurrency 1); the others wait.
-The engine stops a sequence on max_tokens, an end-of-sequence id (unless ignore_eos), a
-stop token id, or max_model_len. It knows no text: stop strings are the caller's
-(`LLM`), which ends a sequence with `finish(seq, "stop")`.
+Every row is its sequence's own one-token step bit for bit (engine/model_runner.py), and each
+sampling sequence draws from its own generator: a request's tokens are the same alone or
+batched, whoever joins or leaves. The engine stops a sequence on max_tokens, an
+end-of-sequence id (unless ignore_eos), a stop token id, or max_model_len; a finished
+sequence's cache slot is free at the next step. It knows no text: stop strings are the
+caller's (`LLM`), which ends a sequence with `finish(seq, "stop")`.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 
-from fastgemma.engine.model_runner import ModelRunner
+from fastgemma.engine.model_runner import DecodeRows, ModelRunner, PositionLogprob
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampler import sample
 from fastgemma.engine.sampling_params import SamplingParams
-from fastgemma.engine.sequence import Sequence, Status
+from fastgemma.engine.scheduler import Scheduler
+from fastgemma.engine.sequence import Sequence
 from fastgemma.engine.speculative import SpecStats, accept_greedy, accept_sampled
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
 from fastgemma.models.towers import MultimodalInputs
@@ -41,12 +46,13 @@ class LLMEngine:
         eos_token_ids: tuple[int, ...],
         vocab_size: int,
         proposer: NgramProposer | MtpProposer | None = None,
+        max_num_batched_tokens: int | None = None,
     ):
         self.runner, self.eos_token_ids, self.vocab_size = runner, set(eos_token_ids), vocab_size
         self.proposer = proposer
         self.spec_stats = SpecStats()
-        self.waiting: deque[Sequence] = deque()
-        self.running: Sequence | None = None
+        budget = max_num_batched_tokens or runner.prefill_chunk + runner.pool.num_seqs
+        self.scheduler = Scheduler(runner.pool.num_seqs, budget, runner.prefill_chunk)
 
     @property
     def max_model_len(self) -> int:
@@ -61,7 +67,7 @@ class LLMEngine:
         if not params.greedy:
             seq.generator = torch.Generator(device=self.runner.device)
             seq.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ())))
-        self.waiting.append(seq)
+        self.scheduler.add(seq)
         return seq
 
     def validate_prompt(self, ids: list[int]) -> None:
@@ -77,51 +83,82 @@ class LLMEngine:
             )
 
     def has_unfinished(self) -> bool:
-        return self.running is not None or bool(self.waiting)
+        return self.scheduler.has_unfinished()
 
-    def next_sequence(self) -> Sequence | None:
-        """The sequence the next `step()` advances."""
-        return self.running or (self.waiting[0] if self.waiting else None)
+    def step(self) -> list[Sequence]:
+        """Advance every scheduled sequence (module docstring); return those that got tokens."""
+        plan = self.scheduler.schedule()
+        advanced = [seq for seq in plan.prefills if self.prefill(seq)]
+        if plan.decodes:
+            self.decode(plan.decodes)
+        return advanced + plan.decodes
 
-    def schedule(self) -> tuple[Sequence, bool]:
-        if self.running is None:
-            self.running = self.waiting.popleft()
-            self.running.status = Status.RUNNING
-            return self.running, True
-        return self.running, False
+    def prefill(self, seq: Sequence) -> bool:
+        """Compute the sequence's next prompt chunk; after the last, sample its first token
+        (returns True then)."""
+        if seq.multimodal is not None:
+            seq.soft = self.runner.media(seq.prompt_token_ids, seq.multimodal)
+            seq.multimodal = None  # the towers ran; their soft tokens go in chunk by chunk
+        start = seq.num_computed_tokens
+        logits = self.runner.prefill_from(seq.prompt_token_ids, start, seq.slot, seq.soft)
+        seq.num_computed_tokens = min(start + self.runner.prefill_chunk, seq.num_prompt_tokens)
+        if seq.num_computed_tokens < seq.num_prompt_tokens:
+            return False
+        seq.soft = None
+        seq.target_hidden = self.runner.last_hidden[-1]
+        self.postprocess(seq, [sample(logits, seq.params, seq.generator)], logits[None])
+        return True
 
-    def step(self) -> Sequence:
-        """Advance the running (or next waiting) sequence by one or more tokens; return it."""
-        seq, is_prefill = self.schedule()
-        if is_prefill:
-            logits = self.runner.prefill(seq.prompt_token_ids, multimodal=seq.multimodal)
-            seq.multimodal = None  # the media are in the cache now
-            seq.target_hidden = self.runner.last_hidden[-1]
-            self.postprocess(seq, [sample(logits, seq.params, seq.generator)], logits[None])
-            return seq
-        draft = self.propose(seq)
-        ids, position = [seq.last_token_id, *draft], seq.num_tokens - 1
-        if seq.params.greedy and seq.params.logprobs is None:
-            rows = None  # only argmaxes are wanted: the runner may screen the lm_head
-            tokens = accept_greedy(draft, self.runner.verify(ids, position, greedy=True))
-        else:
-            rows = self.runner.verify(ids, position, greedy=False)  # [K + 1, V]
-            if seq.params.greedy:
-                tokens = accept_greedy(draft, torch.argmax(rows, dim=-1).tolist())
+    def decode(self, seqs: list[Sequence]) -> None:
+        """One decode-like step for every sequence: its last token and its drafts."""
+        drafts = self.propose_all(seqs)
+        batch = [
+            DecodeRows(seq.slot, [seq.last_token_id, *draft], seq.num_tokens - 1,
+                       greedy=seq.params.greedy and seq.params.logprobs is None)
+            for seq, draft in zip(seqs, drafts)
+        ]
+        for seq, draft, rows, out in zip(seqs, drafts, batch, self.runner.decode_batch(batch)):
+            if rows.greedy:
+                logits, tokens = None, accept_greedy(draft, out.tokens)
+            elif seq.params.greedy:  # greedy with logprobs
+                logits = out.logits
+                tokens = accept_greedy(draft, torch.argmax(logits, dim=-1).tolist())
             else:
-                tokens = accept_sampled(draft, rows, seq.params, seq.generator)
-        if draft:
-            self.spec_stats.record(len(draft), len(tokens) - 1)
-        seq.target_hidden = self.runner.last_hidden[len(tokens) - 1]
-        self.postprocess(seq, tokens, rows)
-        return seq
+                logits = out.logits
+                tokens = accept_sampled(draft, logits, seq.params, seq.generator)
+            if draft:
+                self.spec_stats.record(len(draft), len(tokens) - 1)
+            seq.target_hidden = out.hidden[len(tokens) - 1]
+            self.postprocess(seq, tokens, logits)
+            seq.num_computed_tokens = seq.num_tokens - 1
 
-    def propose(self, seq: Sequence) -> list[int]:
-        """The drafter's tokens for this step, no more than can be kept: the last emitted
-        token always comes from the target, and every position must fit the cache."""
+    def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[PositionLogprob | None]:
+        """Score a prompt (runner.prompt_logprobs) in a free cache slot, never a running
+        sequence's: if every slot is held, the running sequences advance until one is free."""
+        while (slot := self.scheduler.take_slot()) is None:
+            self.step()
+        try:
+            return self.runner.prompt_logprobs(ids, top, slot)
+        finally:
+            self.scheduler.give_slot(slot)
+
+    def propose_all(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Each sequence's drafts, within the rows one forward holds (module docstring)."""
+        spare = NATIVE_MAX_ROWS - len(seqs)
+        drafts = []
+        for seq in seqs:
+            draft = self.propose(seq, spare) if spare > 0 else []
+            spare -= len(draft)
+            drafts.append(draft)
+        return drafts
+
+    def propose(self, seq: Sequence, rows: int = NATIVE_MAX_ROWS - 1) -> list[int]:
+        """The drafter's tokens for this step, at most `rows` and no more than can be kept:
+        the last emitted token always comes from the target, and every position must fit the cache."""
         if self.proposer is None:
             return []
         limit = min(
+            rows,
             seq.params.max_tokens - len(seq.output_token_ids) - 1,
             self.max_model_len - seq.num_tokens,
             self.runner.cache.max_decode_like_tokens - 1,
@@ -129,7 +166,8 @@ class LLMEngine:
         )
         if limit <= 0:
             return []
-        return self.proposer.propose(seq.prompt_token_ids + seq.output_token_ids, limit, seq.target_hidden)
+        cache = self.runner.pool.seqs[seq.slot]
+        return self.proposer.propose(seq.prompt_token_ids + seq.output_token_ids, limit, seq.target_hidden, cache)
 
     def postprocess(self, seq: Sequence, tokens: list[int], rows: torch.Tensor | None) -> None:
         """Append tokens (rows[i]: the logits token i was picked from) until one ends the sequence."""
@@ -159,10 +197,7 @@ class LLMEngine:
         if seq.is_finished:
             return
         seq.finish(reason)
-        if self.running is seq:
-            self.running = None
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        self.scheduler.finish(seq)
 
 
 def _token_logprobs(logits: torch.Tensor, token_id: int, top: int) -> dict[int, float]:

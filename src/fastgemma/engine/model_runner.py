@@ -1,26 +1,33 @@
-"""Runs the decoder over the static cache: prefill chunks, decode steps, prompt scoring.
+"""Runs the decoder over the static cache: prefill chunks, batched decode steps, prompt scoring.
 
-Owns the device-side state of the one running sequence (its `KVCache`) and turns token ids
-into logits. Knows nothing of sampling, stopping or text.
+Owns the device-side state of the running sequences (a `KVCachePool`: one cache slot per
+sequence, handed out by the engine's scheduler) and turns token ids into logits. Knows
+nothing of sampling, stopping or text. Every method takes the cache slot it works on
+(default 0: the one-sequence API that tests and tools use).
 
-- `prefill(ids, multimodal=None)`: the prompt in chunks of `prefill_chunk` tokens; logits
-  of the last one. Media (a multimodal Gemma 4) go through the towers once, first.
-- `decode(id, position)`: one token through every layer; its logits.
-- `decode_greedy(id, position)`: the same step when only its argmax is wanted (greedy, no
-  logprobs): the model may pick it through the exact lm_head screen.
-- `verify(ids, position, greedy)`: ids [K + 1] (the last token and K drafted ones) at
-  positions position.. in one decode-like forward: per row the greedy token (greedy) or the
-  logits, each bit for bit what `decode_greedy` / `decode` would give at that position after
-  the rows before it (models/kv_cache.py, models/gemma.py). Needs `num_speculative_tokens`
-  spare ring slots, given at construction.
+- `prefill_from(ids, start, slot, soft)`: ids[start : start + prefill_chunk] into the slot;
+  its last row's logits. Chunks start at multiples of `prefill_chunk` (absolute positions),
+  so a prompt's numbers do not depend on when its chunks run or what runs beside them.
+  `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first.
+- `prefill(ids, multimodal, slot)`: a whole prompt, chunk after chunk; last logits.
+- `decode_batch(rows)`: one decode-like forward over rows of many sequences, each
+  `DecodeRows(slot, ids, position, greedy)` (the last token and any drafted ones at
+  positions position..); per sequence the greedy tokens or the logits [K + 1, V] and its
+  hidden rows. Every row is bit for bit its sequence's one-token step (models/kv_cache.py),
+  so a sequence's output does not depend on its neighbours. With the row-invariant native
+  kernels (`batched`) all rows share one forward (at most `NATIVE_MAX_ROWS`, split into
+  several forwards beyond); otherwise each sequence runs its own.
+- `decode(id, position)`, `decode_greedy(...)`, `verify(ids, position, greedy)`: one
+  sequence's step (greedy: the model may pick through the exact lm_head screen).
 - `last_hidden`: the final (normed) hidden rows behind the last prefill's, decode's or
   verification's logits, for drafters that read the target's state (engine/mtp.py).
-- `prompt_logprobs(ids, top)`: every position's log-softmax (teacher forcing), computed in
-  slices so that no [T, V] tensor larger than `logits_chunk` rows exists at once.
+- `prompt_logprobs(ids, top, slot)`: every position's log-softmax (teacher forcing), computed
+  in slices so that no [T, V] tensor larger than `logits_chunk` rows exists at once; it
+  writes only its own slot, never a running sequence's.
 
-With `static_steps` (CUDA with kernels=auto), decode, decode_greedy and verify all run the
-fixed-shape step of engine/static_step.py (a CUDA graph unless `enforce_eager`); prefill and
-scoring stay as above. The cache then has a scratch slot per buffer.
+With `static_steps` (CUDA with kernels=auto), decode and verify run the fixed-shape step of
+engine/static_step.py (a CUDA graph unless `enforce_eager`), one per slot (a graph's buffers
+are fixed); prefill and scoring stay as above. The cache then has a scratch slot per buffer.
 """
 
 from __future__ import annotations
@@ -30,9 +37,29 @@ from dataclasses import dataclass
 import torch
 
 from fastgemma.engine.static_step import StaticStep
+from fastgemma.kernels.linear import NATIVE_MAX_ROWS
 from fastgemma.models.gemma import GemmaForCausalLM
-from fastgemma.models.kv_cache import KVCache
+from fastgemma.models.kv_cache import KVCache, KVCachePool, decode_metadata
 from fastgemma.models.towers import MultimodalInputs, MultimodalTowers
+
+Soft = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # soft_embeds [N, D], soft_mask [T], soft rows before each position [T]
+
+
+@dataclass
+class DecodeRows:
+    """One sequence's rows of a decode-like step: its last token and drafted ones."""
+
+    slot: int  # its cache slot
+    ids: list[int]  # [K + 1]
+    position: int  # of ids[0]
+    greedy: bool  # only argmaxes wanted (the lm_head screen may pick them)
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int] | None  # greedy: [K + 1] argmaxes
+    logits: torch.Tensor | None  # otherwise: [K + 1, V]
+    hidden: torch.Tensor  # [K + 1, D] final normed hidden rows
 
 
 @dataclass
@@ -55,16 +82,27 @@ class ModelRunner:
         towers: MultimodalTowers | None = None,
         static_steps: bool = False,
         enforce_eager: bool = False,
+        max_num_seqs: int = 1,
     ):
         self.model, self.max_model_len = model, max_model_len
         self.towers = towers  # Gemma 4 vision / audio towers: run at prefill only
         self.device = model.embed_tokens.weight.device
         self.prefill_chunk, self.logits_chunk = prefill_chunk, logits_chunk
-        self.cache = KVCache(
-            model.spec, max_model_len, model.dtype, self.device, num_speculative_tokens, scratch_slot=static_steps
+        self.pool = KVCachePool(
+            model.spec, max_model_len, model.dtype, self.device, max_num_seqs, num_speculative_tokens,
+            scratch_slot=static_steps,
         )
-        self.static = StaticStep(model, self.cache, use_graph=not enforce_eager) if static_steps else None
+        self.static_steps, self.enforce_eager = static_steps, enforce_eager
+        self.static: dict[int, StaticStep] = {}  # slot -> its fixed-shape step, made on first use
+        # Rows of many sequences in one forward: the native kernels attend row by row
+        # (models/attention.py); elsewhere each sequence runs its own forward.
+        self.batched = model.use_native and model.spec.attn_softcap is None and not static_steps
         self.last_hidden: torch.Tensor | None = None  # [T, D] normed hidden rows of the last prefill / decode / verify
+
+    @property
+    def cache(self) -> KVCache:
+        """Slot 0's cache (the one-sequence API)."""
+        return self.pool.seqs[0]
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -74,60 +112,119 @@ class ModelRunner:
         ids: list[int],
         start: int,
         keep: torch.Tensor | None,
+        slot: int = 0,
         decode_like: bool = False,
         soft: tuple[torch.Tensor, torch.Tensor] | None = None,  # this chunk's (soft_embeds [N, D], soft_mask [T])
     ) -> torch.Tensor:
-        meta = self.cache.metadata(start, len(ids), decode_like)
+        cache = self.pool.seqs[slot]
+        meta = cache.metadata(start, len(ids), decode_like)
         embeds, ple_ids = self.model.embed(self._ids(ids), *(soft or ()))
-        return self.model(embeds, ple_ids, meta, self.cache, keep)
+        return self.model(embeds, ple_ids, meta, cache, keep)
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], start: int = 0, multimodal: MultimodalInputs | None = None) -> torch.Tensor:
-        """Write ids (positions start..) into the cache; return the last position's logits [V].
-        With `multimodal`, the towers run first and their soft tokens replace the
-        placeholders' embeddings (models/towers.py), chunk by chunk."""
-        hidden, soft_embeds, soft_mask = None, None, None
-        if multimodal is not None:
-            assert self.towers is not None, "multimodal inputs for a model without towers"
-            soft_embeds, soft_mask = self.towers.soft_embeddings(self._ids(ids), multimodal)  # [N, D], [T]
-            before = torch.cumsum(soft_mask, 0) - soft_mask.long()  # [T] soft rows before each position
-        for s in range(0, len(ids), self.prefill_chunk):
-            chunk = ids[s : s + self.prefill_chunk]
-            last = torch.tensor([len(chunk) - 1], device=self.device)
-            soft = None
-            if soft_mask is not None and (mask := soft_mask[s : s + len(chunk)]).any():
-                first = int(before[s])
-                soft = (soft_embeds[first : first + int(mask.sum())], mask)
-            hidden = self._forward(chunk, start + s, last, soft=soft)
-        assert hidden is not None, "prefill of an empty prompt"
-        self.last_hidden = hidden
+    def media(self, ids: list[int], multimodal: MultimodalInputs) -> Soft:
+        """The towers' soft tokens for a prompt's placeholder slots (models/towers.py)."""
+        assert self.towers is not None, "multimodal inputs for a model without towers"
+        soft_embeds, soft_mask = self.towers.soft_embeddings(self._ids(ids), multimodal)  # [N, D], [T]
+        return soft_embeds, soft_mask, torch.cumsum(soft_mask, 0) - soft_mask.long()
+
+    @torch.inference_mode()
+    def prefill_from(self, ids: list[int], start: int, slot: int = 0, soft: Soft | None = None) -> torch.Tensor:
+        """Write ids[start : start + prefill_chunk] (positions start..; start a multiple of
+        prefill_chunk) into the slot; return the chunk's last row's logits [V]."""
+        assert start % self.prefill_chunk == 0, (start, self.prefill_chunk)
+        chunk = ids[start : start + self.prefill_chunk]
+        last = torch.tensor([len(chunk) - 1], device=self.device)
+        part = None
+        if soft is not None and (mask := soft[1][start : start + len(chunk)]).any():
+            first = int(soft[2][start])
+            part = (soft[0][first : first + int(mask.sum())], mask)
+        hidden = self.last_hidden = self._forward(chunk, start, last, slot, soft=part)
         return self.model.compute_logits(hidden)[0]
 
     @torch.inference_mode()
-    def decode(self, token_id: int, position: int) -> torch.Tensor:
-        return self.verify([token_id], position, greedy=False)[0]
+    def prefill(self, ids: list[int], multimodal: MultimodalInputs | None = None, slot: int = 0) -> torch.Tensor:
+        """Write a whole prompt into the slot's cache, chunk after chunk; return the last
+        position's logits [V]. With `multimodal`, the towers run first and their soft tokens
+        replace the placeholders' embeddings."""
+        assert ids, "prefill of an empty prompt"
+        soft = None if multimodal is None else self.media(ids, multimodal)
+        for start in range(0, len(ids), self.prefill_chunk):
+            logits = self.prefill_from(ids, start, slot, soft)
+        return logits
 
     @torch.inference_mode()
-    def decode_greedy(self, token_id: int, position: int) -> int:
-        return self.verify([token_id], position, greedy=True)[0]
+    def decode(self, token_id: int, position: int, slot: int = 0) -> torch.Tensor:
+        return self.verify([token_id], position, greedy=False, slot=slot)[0]
 
     @torch.inference_mode()
-    def verify(self, ids: list[int], position: int, greedy: bool) -> list[int] | torch.Tensor:
+    def decode_greedy(self, token_id: int, position: int, slot: int = 0) -> int:
+        return self.verify([token_id], position, greedy=True, slot=slot)[0]
+
+    @torch.inference_mode()
+    def verify(self, ids: list[int], position: int, greedy: bool, slot: int = 0) -> list[int] | torch.Tensor:
         """Greedy tokens [len(ids)] or logits [len(ids), V] after each of ids at position.."""
-        if self.static is not None:
-            out = self.static.run(ids, position, want_logits=not greedy)
-            self.last_hidden = out.hidden
-            return out.tokens if greedy else out.logits
-        hidden = self.last_hidden = self._forward(ids, position, None, decode_like=True)  # [K + 1, D]
-        return self.model.greedy_tokens(hidden) if greedy else self.model.compute_logits(hidden)
+        out = self.decode_batch([DecodeRows(slot, ids, position, greedy)])[0]
+        return out.tokens if greedy else out.logits
 
     @torch.inference_mode()
-    def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[PositionLogprob | None]:
-        """Entry i scores ids[i] given ids[:i]; entry 0 is None (nothing to condition on)."""
+    def decode_batch(self, batch: list[DecodeRows]) -> list[DecodeResult]:
+        """One decode-like step for each entry (module docstring); results in batch order."""
+        if not self.batched:
+            out = [self._decode_one(rows) for rows in batch]
+        else:
+            out, group, n = [], [], 0
+            for rows in batch:
+                if group and n + len(rows.ids) > NATIVE_MAX_ROWS:
+                    out += self._decode_rows(group)
+                    group, n = [], 0
+                group.append(rows)
+                n += len(rows.ids)
+            out += self._decode_rows(group)
+        self.last_hidden = out[-1].hidden
+        return out
+
+    def _decode_one(self, rows: DecodeRows) -> DecodeResult:
+        if self.static_steps:
+            if rows.slot not in self.static:
+                self.static[rows.slot] = StaticStep(self.model, self.pool.seqs[rows.slot], use_graph=not self.enforce_eager)
+            step = self.static[rows.slot].run(rows.ids, rows.position, want_logits=not rows.greedy)
+            return DecodeResult(step.tokens if rows.greedy else None, step.logits, step.hidden)
+        return self._decode_rows([rows])[0]
+
+    def _decode_rows(self, batch: list[DecodeRows]) -> list[DecodeResult]:
+        """All rows in one forward; each row attends over its own sequence's cache."""
+        caches = self.pool.seqs
+        if len(batch) == 1:  # one sequence: also what the per-op torch path runs (contiguous positions)
+            meta = caches[batch[0].slot].metadata(batch[0].position, len(batch[0].ids), decode_like=True)
+        else:
+            meta = decode_metadata([(caches[r.slot], r.position + i) for r in batch for i in range(len(r.ids))])
+        embeds, ple_ids = self.model.embed(self._ids([t for r in batch for t in r.ids]))
+        hidden = self.model(embeds, ple_ids, meta, caches[batch[0].slot])  # [rows, D]
+        row_entry = [i for i, r in enumerate(batch) for _ in r.ids]  # [rows] the entry each row is of
+        greedy = [j for j, i in enumerate(row_entry) if batch[i].greedy]
+        sampled = [j for j, i in enumerate(row_entry) if not batch[i].greedy]
+        tokens = iter(self.model.greedy_tokens(hidden[greedy]) if greedy else [])
+        logits = self.model.compute_logits(hidden[sampled]) if sampled else None  # [len(sampled), V]
+        out, start, done = [], 0, 0
+        for r in batch:
+            n = len(r.ids)
+            h, start = hidden[start : start + n], start + n
+            if r.greedy:
+                out.append(DecodeResult([next(tokens) for _ in range(n)], None, h))
+            else:
+                out.append(DecodeResult(None, logits[done : done + n], h))
+                done += n
+        return out
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, ids: list[int], top: int = 0, slot: int = 0) -> list[PositionLogprob | None]:
+        """Entry i scores ids[i] given ids[:i]; entry 0 is None (nothing to condition on).
+        Writes the slot's cache (the engine lends a free one)."""
         out: list[PositionLogprob | None] = [None]
         for s in range(0, len(ids), self.prefill_chunk):
             chunk = ids[s : s + self.prefill_chunk]
-            hidden = self._forward(chunk, s, None)  # [T, D]
+            hidden = self._forward(chunk, s, None, slot)  # [T, D]
             for h0 in range(0, hidden.shape[0], self.logits_chunk):
                 rows = hidden[h0 : h0 + self.logits_chunk]
                 targets = ids[s + h0 + 1 : s + h0 + 1 + rows.shape[0]]

@@ -1,8 +1,9 @@
 """MTP drafting: the Gemma 4 assistant proposes K tokens from the target's own state.
 
-`MtpProposer(assistant, target, cache, k).propose(ids, limit, hidden)`: ids[-1] is the last
+`MtpProposer(assistant, target, cache, k).propose(ids, limit, hidden, cache)`: ids[-1] is the last
 token (position p = len(ids) - 1, not yet in the cache), `hidden` the target's final hidden
-state [D] at p - 1 (the row that predicted ids[-1]; the engine keeps it on the `Sequence`).
+state [D] at p - 1 (the row that predicted ids[-1]; the engine keeps it on the `Sequence`),
+`cache` the sequence's own (its slot's; default: the one given at construction).
 Then, as transformers' `Gemma4AssistantCandidateGenerator` does:
 
     kv = target K/V of positions < p            (once per round; models/assistant.py)
@@ -37,13 +38,15 @@ class MtpProposer:
         self.assistant, self.target, self.cache, self.k = assistant, target, cache, k
 
     @torch.inference_mode()
-    def propose(self, ids: list[int], limit: int | None = None, hidden: torch.Tensor | None = None) -> list[int]:
+    def propose(
+        self, ids: list[int], limit: int | None = None, hidden: torch.Tensor | None = None, cache: KVCache | None = None
+    ) -> list[int]:
         """Up to min(k, limit) drafted tokens to follow `ids`."""
         k = self.k if limit is None else min(self.k, limit)
         if k <= 0 or hidden is None:
             return []
         p = len(ids) - 1
-        kv = self.assistant.context_kv(self.target.spec, self.cache, p)
+        kv = self.assistant.context_kv(self.target.spec, cache or self.cache, p)
         token, h = torch.tensor([ids[-1]], device=hidden.device), hidden[None]  # [1], [1, D]
         drafts = []
         for _ in range(k):

@@ -17,9 +17,11 @@ class NgramProposer:
         assert k >= 1 and 1 <= prompt_lookup_min <= prompt_lookup_max, (k, prompt_lookup_min, prompt_lookup_max)
         self.k, self.min_n, self.max_n = k, prompt_lookup_min, prompt_lookup_max
 
-    def propose(self, ids: list[int] | np.ndarray, limit: int | None = None, hidden: object = None) -> list[int]:
-        """Up to min(k, limit) drafted tokens to follow `ids` (`hidden`, the MTP drafter's
-        input, is not used)."""
+    def propose(
+        self, ids: list[int] | np.ndarray, limit: int | None = None, hidden: object = None, cache: object = None
+    ) -> list[int]:
+        """Up to min(k, limit) drafted tokens to follow `ids` (`hidden` and `cache`, the MTP
+        drafter's inputs, are not used)."""
         k = self.k if limit is None else min(self.k, limit)
         tokens = np.asarray(ids, dtype=np.int64)
         L = tokens.shape[0]

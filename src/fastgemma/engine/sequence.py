@@ -29,10 +29,16 @@ class Sequence:
     output_logprobs: list[dict[int, float]] = field(default_factory=list)  # per token when params.logprobs
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
-    num_cached_tokens: int = 0  # tokens whose K/V are in the cache
+    slot: int | None = None  # its cache slot while running (engine/scheduler.py)
+    num_computed_tokens: int = 0  # tokens whose K/V are in its cache slot
     generator: torch.Generator | None = None
     multimodal: MultimodalInputs | None = None  # tower inputs, until prefill has merged them
+    soft: tuple[torch.Tensor, ...] | None = None  # the towers' soft tokens while the prompt is prefilled
     target_hidden: torch.Tensor | None = None  # [D] the final hidden state that predicted the last token (MTP input)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:

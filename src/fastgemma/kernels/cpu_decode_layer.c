@@ -13,14 +13,17 @@
  * Each weight matrix is a `Mat`: bf16, or int8 / int4 codes with fp32 scales (kernels/quant.py);
  * the quantised GEMVs take the input widened to fp32, as the per-op path does.
  *
- * T tokens at positions start .. start + T - 1 (T = 1: a decode step; T = K + 1: a
- * speculative verification): every row goes through exactly what a one-token step would do
- * to it — row-invariant GEMVs, row-wise norms and glue, and each query attending alone over
- * the keys at positions <= its own (in position order) — and all T rows' K/V are written
- * before any query attends. So row t's result is, bit for bit, the result of a one-token
- * step at start + t after steps at start .. start + t - 1; engine/speculative.py relies on it.
- * On a sliding layer the ring must have at least window + T - 1 slots, so that writing the T
- * rows does not overwrite a key an earlier row still sees (kernels/decode_layers.py checks).
+ * T rows, row t the token at position pos[t] of the sequence in cache slot seq[t] (its
+ * buffers start seq[t] * seq_stride elements past slot 0's). Rows of several sequences may
+ * share a call (continuous batching), and one sequence may have several rows at consecutive
+ * positions (a speculative verification). Every row goes through exactly what a one-token
+ * step would do to it — row-invariant GEMVs, row-wise norms and glue, and each query
+ * attending alone over its own sequence's keys at positions <= its own (in position order) —
+ * and all T rows' K/V are written before any query attends. So row t's result is, bit for
+ * bit, its sequence's one-token step at pos[t] after the steps before it, whatever else is in
+ * the call; engine/speculative.py and the batching engine rely on it. On a sliding layer the
+ * ring must have at least window + n - 1 slots for n rows of one sequence, so that writing
+ * them does not overwrite a key an earlier row still sees (models/kv_cache.py checks).
  */
 #include <math.h>
 #include <stdint.h>
@@ -60,7 +63,9 @@ static void matvec(const Mat *m, const uint16_t *x, uint16_t *y, int64_t T, int6
 typedef struct {
     int64_t D, H, Hkv, hd, I, P, slots;  /* geometry; I = MLP width, P = PLE width (0: none) */
     int64_t window;                       /* sliding window (ring of `slots` >= window); 0: full attention */
-    int64_t shared, k_eq_v, v_norm, ple_stride;
+    int64_t shared, k_eq_v, v_norm;
+    int64_t seq_stride;                   /* elements between two sequence slots' buffers */
+    int64_t ple_stride;
     float eps, scaling;
     Mat w_qkv, w_o, w_gu, w_down, w_ple_gate, w_ple_proj;
     const uint16_t *layer_scalar;
@@ -109,8 +114,8 @@ static inline void visible_keys(const GemmaLayer *L, int64_t p, int64_t *S, int6
 
 /* h: [T, D] in place. buf: bf16 scratch of T (max(2I, (H + 2 Hkv) hd) + H hd + 2 D + P);
  * fbuf: fp32 scratch of H * (S + hd); xf: fp32 scratch of T times the widest matrix input. */
-static void layer_forward(const GemmaLayer *L, uint16_t *h, int64_t T, int64_t start, uint16_t *buf, float *fbuf,
-                          float *xf) {
+static void layer_forward(const GemmaLayer *L, uint16_t *h, int64_t T, const int64_t *pos, const int64_t *seq,
+                          uint16_t *buf, float *fbuf, float *xf) {
     const int64_t D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, I = L->I, P = L->P;
     const int64_t qkv_n = (H + (!L->shared ? (L->k_eq_v ? 1 : 2) * Hkv : 0)) * hd;
     const int64_t big = (2 * I > qkv_n ? 2 * I : qkv_n);
@@ -128,17 +133,18 @@ static void layer_forward(const GemmaLayer *L, uint16_t *h, int64_t T, int64_t s
         rms_norm_bf16(k, L->n_k, k, Hkv, hd, L->eps);
         rope_rows(k, L->cos + t * hd, L->sin + t * hd, Hkv, hd);
         if (L->v_norm) rms_norm_bf16(v, NULL, v, Hkv, hd, L->eps);
-        const int64_t slot = L->window > 0 ? (start + t) % L->slots : start + t;
+        const int64_t slot = L->window > 0 ? pos[t] % L->slots : pos[t];
+        uint16_t *kc = L->k_cache + seq[t] * L->seq_stride, *vc = L->v_cache + seq[t] * L->seq_stride;
         for (int64_t g = 0; g < Hkv; g++) {
-            memcpy(L->k_cache + (g * L->slots + slot) * hd, k + g * hd, (size_t)hd * 2);
-            memcpy(L->v_cache + (g * L->slots + slot) * hd, v + g * hd, (size_t)hd * 2);
+            memcpy(kc + (g * L->slots + slot) * hd, k + g * hd, (size_t)hd * 2);
+            memcpy(vc + (g * L->slots + slot) * hd, v + g * hd, (size_t)hd * 2);
         }
     }
     for (int64_t t = 0; t < T; t++) {
         int64_t S, first;
-        visible_keys(L, start + t, &S, &first);
-        attend_decode_bf16(wide + t * qkv_n, L->k_cache, L->v_cache, attn + t * H * hd, H, Hkv, S, first, L->slots,
-                           hd, L->scaling, fbuf);
+        visible_keys(L, pos[t], &S, &first);
+        attend_decode_bf16(wide + t * qkv_n, L->k_cache + seq[t] * L->seq_stride, L->v_cache + seq[t] * L->seq_stride,
+                           attn + t * H * hd, H, Hkv, S, first, L->slots, hd, L->scaling, fbuf);
     }
     matvec(&L->w_o, attn, o, T, D, H * hd, xf);
     rms_norm_bf16(o, L->n_post_attn, o, T, D, L->eps);
@@ -166,8 +172,8 @@ static void layer_forward(const GemmaLayer *L, uint16_t *h, int64_t T, int64_t s
         for (int64_t d = 0; d < T * D; d++) h[d] = bmul(h[d], L->layer_scalar[0]);
 }
 
-/* h: [T, D] hidden states of the tokens at positions start .. start + T - 1, in place. */
-void gemma_decode_layers_bf16(const GemmaLayer *layers, int64_t n, uint16_t *h, int64_t T, int64_t start,
-                              uint16_t *buf, float *fbuf, float *xf) {
-    for (int64_t i = 0; i < n; i++) layer_forward(&layers[i], h, T, start, buf, fbuf, xf);
+/* h: [T, D] hidden states of the rows (positions pos[T], cache slots seq[T]), in place. */
+void gemma_decode_layers_bf16(const GemmaLayer *layers, int64_t n, uint16_t *h, int64_t T, const int64_t *pos,
+                              const int64_t *seq, uint16_t *buf, float *fbuf, float *xf) {
+    for (int64_t i = 0; i < n; i++) layer_forward(&layers[i], h, T, pos, seq, buf, fbuf, xf);
 }

@@ -1,10 +1,12 @@
 """A whole bf16 decode step's layers in one native call (`cpu_decode_layer.c`).
 
 `NativeDecodeLayers(model, cache)` lays out one `GemmaLayer` struct per layer — pointers to
-the layer's weights, norm scales and cache buffers, fixed for the model's lifetime — and
-`run(h, ple, start)` fills in the per-step fields (RoPE rows, PLE rows) and runs every layer
-on the [T, D] hidden states of the tokens at start.. in place: T = 1 is a decode step, T > 1
-a speculative verification whose every row is that decode step's, bit for bit (see the C
+the layer's weights, norm scales and cache buffers (slot 0 of the cache's pool, and the
+stride between slots), fixed for the model's lifetime — and `run(h, ple, meta)` fills in the
+per-step fields (RoPE rows, PLE rows, each row's position and cache slot) and runs every
+layer on the [T, D] hidden states in place. Rows may belong to different sequences
+(continuous batching) and one sequence may have several consecutive rows (a speculative
+verification); every row is its sequence's one-token decode step, bit for bit (see the C
 file). Same maths and bf16 rounding points as the torch path of models/gemma.py with native
 kernels; a quantised `Linear` is passed as its codes and scales and multiplied by the same
 quantised GEMV.
@@ -40,6 +42,7 @@ def _mat(module) -> Mat:
 class GemmaLayer(ctypes.Structure):
     _fields_ = [
         *[(n, _i64) for n in ("D", "H", "Hkv", "hd", "I", "P", "slots", "window", "shared", "k_eq_v", "v_norm")],
+        ("seq_stride", _i64),
         ("ple_stride", _i64),
         ("eps", _f32), ("scaling", _f32),
         *[(n, Mat) for n in ("w_qkv", "w_o", "w_gu", "w_down", "w_ple_gate", "w_ple_proj")],
@@ -66,9 +69,13 @@ def _p(t: torch.Tensor | None) -> int | None:
 
 class NativeDecodeLayers:
     def __init__(self, model, cache, max_tokens: int):
-        """max_tokens: the most tokens one `run` takes (1 + the speculative tokens)."""
+        """cache: any sequence cache of the pool the steps run on (or a standalone one);
+        max_tokens: the most rows one `run` takes."""
         spec = model.spec
-        self.model, self.cache, self.spec, self.max_tokens = model, cache, spec, max_tokens
+        self.pool = cache.pool  # None: a standalone cache, every row's slot 0
+        base = cache if self.pool is None else self.pool.seqs[0]
+        self.model, self.cache, self.spec, self.max_tokens = model, base, spec, max_tokens
+        cache = base
         n = spec.num_layers
         self.structs = (GemmaLayer * n)()
         widest = max(
@@ -100,19 +107,26 @@ class NativeDecodeLayers:
             L.n_pre_ff, L.n_post_ff = _p(layer.pre_feedforward_layernorm.scale), _p(layer.post_feedforward_layernorm.scale)
             L.n_q, L.n_k = _p(a.q_norm.scale), _p(a.k_norm.scale) if a.k_norm is not None else None
             L.k_cache, L.v_cache = _p(cache.k[src]), _p(cache.v[src])
+            L.seq_stride = 0 if self.pool is None else self.pool.k[src].stride(0)
         native.load().set_gelu_table_bf16(gelu_tanh_table().data_ptr())
         self.types = [s.layer_type for s in spec.layers]
 
-    def run(self, h: torch.Tensor, ple: torch.Tensor | None, start: int) -> torch.Tensor:
-        """h: [T, D] bf16 at positions start.. (updated in place and returned); ple: [T, L, P] bf16 or None."""
+    def serves(self, cache) -> bool:
+        """Whether `cache`'s buffers are the ones laid out here."""
+        return cache is self.cache if self.pool is None else cache.pool is self.pool
+
+    def run(self, h: torch.Tensor, ple: torch.Tensor | None, meta) -> torch.Tensor:
+        """h: [T, D] bf16, row t at meta.row_positions[t] of the sequence meta.row_caches[t]
+        (updated in place and returned); ple: [T, L, P] bf16 or None."""
         T = h.shape[0]
         assert h.is_contiguous() and h.dtype == torch.bfloat16 and T <= self.max_tokens, (h.shape, self.max_tokens)
-        assert T <= self.cache.max_decode_like_tokens, "too few spare ring slots for this many tokens"
+        assert all(self.serves(c) for c in meta.row_caches), "rows of a cache these layers were not built for"
         rows = {}
         for t in set(self.types):
-            cos = self.model.rope_cos[t][start : start + T].to(torch.bfloat16).contiguous()  # [T, hd]
-            sin = self.model.rope_sin[t][start : start + T].to(torch.bfloat16).contiguous()
+            cos = self.model.rope_cos[t][meta.positions].to(torch.bfloat16).contiguous()  # [T, hd]
+            sin = self.model.rope_sin[t][meta.positions].to(torch.bfloat16).contiguous()
             rows[t] = (cos, sin)  # kept alive until the call returns
+        where = torch.tensor([meta.row_positions, [c.index for c in meta.row_caches]], dtype=torch.int64)  # [2, T]
         if ple is not None:
             ple = ple.contiguous()
             P = self.spec.per_layer_input_size
@@ -122,7 +136,7 @@ class NativeDecodeLayers:
             if ple is not None:
                 L.ple = ple.data_ptr() + i * P * 2
         native.load().gemma_decode_layers_bf16(
-            self.structs, len(self.structs), h.data_ptr(), T, start, self.buf.data_ptr(), self.fbuf.data_ptr(),
-            self.xf.data_ptr(),
+            self.structs, len(self.structs), h.data_ptr(), T, where[0].data_ptr(), where[1].data_ptr(),
+            self.buf.data_ptr(), self.fbuf.data_ptr(), self.xf.data_ptr(),
         )
         return h

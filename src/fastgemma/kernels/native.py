@@ -82,7 +82,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     attn_args = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr]  # q k v o H Hkv S first slots hd
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
-    lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, ptr]
+    lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr]
     lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
     lib.screen_select.restype = i64
     lib.set_gelu_table_bf16.argtypes = [ptr]

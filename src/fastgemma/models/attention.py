@@ -85,16 +85,21 @@ class Attention(nn.Module):
                 mask = cache.in_place_mask(meta, self.layer_type)
                 out = attend(q, keys, values, mask, self.scaling, self.softcap, eager=True)  # [H, T, hd]
         elif native_decode:
-            # Each query on its own over its visible keys, straight from the cache buffers
-            # (fastgemma's CPU kernel): the same per row for any T (models/kv_cache.py).
+            # Every row's K/V written at its own sequence's slot, then each query on its own
+            # over its visible keys, straight from its sequence's buffers (fastgemma's CPU
+            # kernel): the same per row for any T and any neighbours (models/kv_cache.py).
+            caches, positions = meta.row_caches, meta.row_positions
             if not self.kv_shared:
-                cache.write(self.layer_idx, k, v, meta)
-            keys, values = cache.k[self.kv_source], cache.v[self.kv_source]
+                for t in range(T):
+                    caches[t].write_row(self.layer_idx, k[:, t], v[:, t], positions[t])
             rows = []
             for t in range(T):
-                S, first = cache.visible_keys(self.is_sliding, meta.start + t)
-                rows.append(attend_decode(q[:, t : t + 1], keys, values, S, first, self.scaling))
+                c = caches[t]
+                S, first = c.visible_keys(self.is_sliding, positions[t])
+                rows.append(attend_decode(q[:, t : t + 1], c.k[self.kv_source], c.v[self.kv_source], S, first,
+                                          self.scaling))
             out = torch.cat(rows, dim=1) if T > 1 else rows[0]  # [H, T, hd]
+            keys = values = None  # per sequence: a KV-shared layer reads its source from the cache
         else:
             if self.kv_shared:
                 assert shared_kv is not None, f"layer {self.layer_idx} is KV-shared but got no K/V"

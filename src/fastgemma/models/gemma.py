@@ -211,10 +211,10 @@ class GemmaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         ple = self.per_layer_inputs(embeds, ple_ids) if self.spec.per_layer_input_size else None
         if self.fused_decode and meta.decode_like:
-            if self._decode_layers is None or self._decode_layers.cache is not cache:
-                most = min(cache.max_decode_like_tokens, NATIVE_MAX_ROWS)
-                self._decode_layers = decode_layers.NativeDecodeLayers(self, cache, most)
-            return self.norm(self._decode_layers.run(embeds.contiguous(), ple, meta.start))
+            first = meta.row_caches[0]
+            if self._decode_layers is None or not self._decode_layers.serves(first):
+                self._decode_layers = decode_layers.NativeDecodeLayers(self, first, NATIVE_MAX_ROWS)
+            return self.norm(self._decode_layers.run(embeds.contiguous(), ple, meta))
         dtype, pos = embeds.dtype, meta.positions
         rope = {t: (self.rope_cos[t][pos].to(dtype), self.rope_sin[t][pos].to(dtype)) for t in self.rope_cos}
         h, shared = embeds, {}

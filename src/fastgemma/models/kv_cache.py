@@ -4,7 +4,17 @@ Owns the K/V buffers of every layer that computes its own K/V, and the masks tha
 cached slots a query may see. It does not own the projections or the attention maths. It
 sits beside the model, which writes into it; the engine's runner allocates it and passes it in.
 
-Layout (one sequence at a time, so no batch dimension):
+Sequences: a `KVCachePool` holds `num_seqs` static slots, one per running sequence (gpt-fast
+style): each buffer is `[num_seqs, ...]` and `pool.seqs[i]` is the `KVCache` of slot i, a view
+of row i of every buffer. A slot is a sequence's own from prefill to finish; nothing a
+neighbour does reaches it. Why static slots rather than vLLM's paged blocks: 5 of every 6
+Gemma layers are sliding rings, which are per sequence whatever the layout (a ring is
+overwritten as the sequence advances), and the full layers are the rest; a shared prompt
+prefix (n > 1, prefix caching) is then a copy of the prefix's slots into another slot
+(`KVCachePool.copy`), a bandwidth-bound copy far cheaper than the prefill it saves, giving the
+same bits as computing it. What paging would save is the full layers' unused tail per slot.
+
+Layout of one sequence's cache (`KVCache`; no batch dimension):
 - full layers: `[Hkv, max_model_len, hd]`, slot = position;
 - sliding layers: a ring `[Hkv, R, hd]` with R = W + spare slots (W = sliding_window; spare
   = the most speculative tokens a step verifies, else 0), slot = position mod R.
@@ -48,7 +58,11 @@ from fastgemma.models.spec import FULL, SLIDING, ArchSpec
 
 @dataclass
 class AttentionMetadata:
-    """Where one forward's tokens sit, and what each layer type may attend to."""
+    """Where one forward's tokens sit, and what each layer type may attend to.
+
+    A decode-like forward may hold rows of several sequences (continuous batching): row t is
+    token `row_positions[t]` of the sequence whose cache is `row_caches[t]`; the forward's own
+    `cache` argument is then unused by attention."""
 
     start: int  # position of the chunk's first token
     end: int  # one past the chunk's last token
@@ -60,6 +74,10 @@ class AttentionMetadata:
     # row's K/V go (layer type -> [T] int64), masks cover whole buffers (module docstring)
     slots: dict[str, torch.Tensor] | None = None
     valid: torch.Tensor | None = None  # in place: [T] bool, False for padding rows
+    # decode-like: each row's sequence cache and position (host side; the same cache for
+    # every row of a one-sequence chunk)
+    row_caches: list[KVCache] | None = None
+    row_positions: list[int] | None = None
 
     @property
     def in_place(self) -> bool:
@@ -67,7 +85,7 @@ class AttentionMetadata:
 
     @property
     def num_tokens(self) -> int:
-        return self.end - self.start
+        return self.positions.shape[0]
 
 
 class KVCache:
@@ -79,20 +97,31 @@ class KVCache:
         device: torch.device,
         spare_ring_slots: int = 0,
         scratch_slot: bool = False,  # one never-visible slot past each buffer's end (in-place steps)
+        buffers: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]] | None = None,  # a pool's views
+        index: int = 0,  # the slot of a pool this cache is
     ):
         self.spec, self.max_model_len = spec, max_model_len
         self.window = spec.sliding_window
         self.ring = min(self.window + spare_ring_slots, max_model_len)  # R: slots of a sliding layer
-        self.scratch_slot = scratch_slot
-        self.k: dict[int, torch.Tensor] = {}
+        self.scratch_slot, self.index = scratch_slot, index
+        self.pool: KVCachePool | None = None  # set by the pool this cache is a slot of
+        self.k: dict[int, torch.Tensor] = {}  # layer -> [Hkv, slots (+ 1), hd]
         self.v: dict[int, torch.Tensor] = {}
-        for i in spec.cache_layers:
-            layer = spec.layers[i]
-            slots = self.slots(layer.is_sliding) + int(scratch_slot)
-            shape = (layer.num_kv_heads, slots, layer.head_dim)
-            self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
-            self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
+        if buffers is not None:
+            self.k, self.v = buffers
+        else:
+            for i, shape in self.buffer_shapes().items():
+                self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
+                self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
         self.device = device
+
+    def buffer_shapes(self) -> dict[int, tuple[int, int, int]]:
+        """layer -> (Hkv, slots, hd) of each K and V buffer of one sequence."""
+        shapes = {}
+        for i in self.spec.cache_layers:
+            layer = self.spec.layers[i]
+            shapes[i] = (layer.num_kv_heads, self.slots(layer.is_sliding) + int(self.scratch_slot), layer.head_dim)
+        return shapes
 
     def slots(self, sliding: bool) -> int:
         """Position slots of a layer's buffer (R or max_model_len; the scratch slot not counted)."""
@@ -150,7 +179,8 @@ class KVCache:
                     f"{self.ring - self.window}"
                 )
             # Each query sees exactly visible_keys(); no mask is needed.
-            return AttentionMetadata(start, end, q, dict.fromkeys(layer_types), decode_like=True)
+            return AttentionMetadata(start, end, q, dict.fromkeys(layer_types), decode_like=True,
+                                     row_caches=[self] * num_tokens, row_positions=list(range(start, end)))
         if FULL in layer_types:
             k = torch.arange(end, device=self.device)  # [end]
             masks[FULL] = k[None, :] <= q[:, None]
@@ -191,6 +221,11 @@ class KVCache:
         slots = meta.slots[self.spec.layers[layer_idx].layer_type]
         self.k[layer_idx].index_copy_(1, slots, k)
         self.v[layer_idx].index_copy_(1, slots, v)
+
+    def write_row(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, position: int) -> None:
+        """Store one token's k, v: [Hkv, hd] at its slot."""
+        slot = position % self.ring if self.spec.layers[layer_idx].is_sliding else position
+        self.k[layer_idx][:, slot], self.v[layer_idx][:, slot] = k, v
 
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
         """Store a decode-like chunk's k, v: [Hkv, T, hd] at their slots."""
@@ -234,3 +269,62 @@ class KVCache:
         ck[:, slots] = k[:, -keep:]
         cv[:, slots] = v[:, -keep:]
         return keys, values
+
+
+class KVCachePool:
+    """`num_seqs` sequence caches in one allocation (module docstring): buffers
+    `[num_seqs, Hkv, slots, hd]`; `seqs[i]` is slot i's `KVCache`. Slots are handed out and
+    taken back by the engine's scheduler; the pool only holds the memory."""
+
+    def __init__(
+        self,
+        spec: ArchSpec,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_seqs: int = 1,
+        spare_ring_slots: int = 0,
+        scratch_slot: bool = False,
+    ):
+        assert num_seqs >= 1, num_seqs
+        self.num_seqs, self.device = num_seqs, device
+        shapes = KVCache(spec, max_model_len, dtype, device, spare_ring_slots, scratch_slot, buffers=({}, {})).buffer_shapes()
+        self.k = {i: torch.zeros((num_seqs, *shape), dtype=dtype, device=device) for i, shape in shapes.items()}
+        self.v = {i: torch.zeros((num_seqs, *shape), dtype=dtype, device=device) for i, shape in shapes.items()}
+        self.seqs = [
+            KVCache(spec, max_model_len, dtype, device, spare_ring_slots, scratch_slot,
+                    buffers=({i: t[s] for i, t in self.k.items()}, {i: t[s] for i, t in self.v.items()}), index=s)
+            for s in range(num_seqs)
+        ]
+        for seq in self.seqs:
+            seq.pool = self
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.k.values(), *self.v.values()])
+
+    def copy(self, src: int, dst: int) -> None:
+        """Slot dst's K/V := slot src's (a forked sequence: the same bits as recomputing them)."""
+        for buffers in (self.k, self.v):
+            for t in buffers.values():
+                t[dst].copy_(t[src])
+
+
+def decode_metadata(rows: list[tuple[KVCache, int]]) -> AttentionMetadata:
+    """A decode-like forward over rows of any sequences: (its cache, its position) per row.
+    Each row is written at its own slot, then attends alone over its own sequence's visible
+    keys, so every row is bit for bit its sequence's one-token step (the module docstring's
+    ring argument, per sequence: rows of one sequence must be consecutive positions)."""
+    first = rows[0][0]
+    for cache, position in rows:
+        per_seq = sum(c is cache for c, _ in rows)
+        if per_seq > cache.max_decode_like_tokens:
+            raise ValueError(f"{per_seq} decode-like tokens of one sequence need {per_seq - 1} spare ring slots; "
+                             f"the cache has {cache.ring - cache.window}")
+        if position >= cache.max_model_len:
+            raise ValueError(f"sequence of {position + 1} tokens exceeds max_model_len={cache.max_model_len}")
+    positions = [p for _, p in rows]
+    q = torch.tensor(positions, device=first.device)
+    layer_types = {layer.layer_type for layer in first.spec.layers}
+    return AttentionMetadata(-1, -1, q, dict.fromkeys(layer_types), decode_like=True,
+                             row_caches=[c for c, _ in rows], row_positions=positions)
