@@ -3,8 +3,9 @@
 The model folder (vocab 262144, hidden 32, 2 layers) is built once per session by
 transformers' `save_pretrained`; the tokenizer files come from the embedded model's GGUF
 metadata folder, so text prompts and the chat template work. Two `LLM`s load it: `llm`
-behind the main server, `ref_llm` for in-process reference results (and the restricted
-server), so references never touch the served engine from another thread.
+behind the main server (8 sequences batched), `ref_llm` for in-process reference results,
+so references never touch the served engine from another thread; the restricted server has
+its own, one sequence at a time.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def server(llm):
 
 
 @pytest.fixture(scope="session")
-def restricted_server(ref_llm):
-    """api key required, one waiting slot: for the 401 and 429 tests."""
-    with ServerThread(ref_llm, served_model_name="tiny-gemma", api_key=API_KEY, max_queue=1) as s:
+def restricted_server(tiny_text_model):
+    """api key required, one sequence at a time and one waiting request: for the 401 and 429 tests."""
+    one = LLM(str(tiny_text_model), dtype="float32", max_num_seqs=1)
+    with ServerThread(one, served_model_name="tiny-gemma", api_key=API_KEY, max_queue=1) as s:
         yield s
 
 
@@ -53,7 +55,7 @@ def wait_idle(server: ServerThread, timeout: float = 30.0) -> float:
     """Wait until the server's worker has nothing running or waiting; return the seconds waited."""
     start = time.monotonic()
     worker = server.state.worker
-    while worker.running is not None or worker.num_waiting:
+    while worker.num_running or worker.num_waiting:
         if time.monotonic() - start > timeout:
             raise AssertionError("the server's worker did not become idle")
         time.sleep(0.01)

@@ -64,7 +64,7 @@ def test_worker_fifo_bounded_queue_and_cancel():
             return fn
 
         a = worker.submit(blocking, loop)
-        while worker.running is None:
+        while not worker.num_running:
             await asyncio.sleep(0.001)
         b = worker.submit(tagged("b"), loop)
         c = worker.submit(tagged("c"), loop)

@@ -4,8 +4,9 @@
 - `run_server(config, host, port, ...)`: load the model and serve it with uvicorn (`serve.py`);
 - `ServerThread(llm, ...)`: the same app on a background thread (tests, benchmarks).
 
-All engine work runs on one worker thread, one request at a time, in arrival order
-(`worker.py`); a bounded queue answers 429 when full.
+Requests run on job threads (up to the engine's `max_num_seqs` at once) over one engine loop
+that steps them together (continuous batching, `worker.py`); a bounded queue of waiting
+requests answers 429 when full.
 """
 
 from fastgemma.server.app import build_app

@@ -7,8 +7,8 @@ Routes (routes/): `GET /v1/models`, `GET /health`, `GET /metrics`, `POST /v1/com
 
 A request is parsed and validated (tokenised on a pre-processing thread, checked against the
 vocabulary and the context length) before it takes a queue slot, so a bad request is a 400
-at once and a good one that finds the queue full is a 429. Engine work then runs on the
-worker thread in arrival order (worker.py). A client that disconnects has its request
+at once and a good one that finds the queue full is a 429. Each request's work then runs on a
+job thread while the engine's one loop steps every running request together (worker.py). A client that disconnects has its request
 cancelled, waiting or running. Every error is OpenAI-style JSON (errors.py); the plumbing
 every route shares is in handling.py.
 """
@@ -50,7 +50,7 @@ def build_app(
     """An app serving `llm` under `served_model_name` (default `llm.model_name`).
 
     `api_key`: when set, /v1 routes need `Authorization: Bearer <api_key>`.
-    `max_queue`: requests that may wait for the engine (besides the running one); more get 429.
+    `max_queue`: requests that may wait for the engine (besides the `max_num_seqs` running); more get 429.
     `allow_remote_media`: fetch http(s) image URLs of chat content parts (off: a 400 says so).
     """
     name = served_model_name or llm.model_name
@@ -59,7 +59,7 @@ def build_app(
         llm=llm,
         served_model_name=name,
         api_key=api_key or None,
-        worker=Worker(max_queue, metrics),
+        worker=Worker(max_queue, metrics, llm, max_running=llm.config.max_num_seqs),
         metrics=metrics,
         formatter=Formatter(llm.tokenizer),
         preprocess=ThreadPoolExecutor(1, thread_name_prefix="fastgemma-preprocess"),

@@ -1,8 +1,8 @@
 """Engine-side work of one request, run on the worker thread: generate, score, format.
 
-`run_generation` drives `LLM.stream_ids` (the engine's token loop, with stop strings and
-UTF-8-safe text deltas), checks for cancellation between tokens and records the latency
-metrics. The formatters turn engine logprobs into the API's shapes; they decode token
+`run_generation` reads one prompt's text deltas from the engine loop (worker.py: the engine
+steps every running request together; stop strings and UTF-8-safe deltas are the LLM's
+`RequestStream`), checks for cancellation between tokens and records the latency metrics. The formatters turn engine logprobs into the API's shapes; they decode token
 pieces, so they also run on the worker (the one tokenizer user besides pre-processing).
 """
 
@@ -47,7 +47,7 @@ class GenResult:
 OnToken = Callable[[StreamDelta, dict[int, float] | None], None]
 
 
-def run_generation(job: Job, llm: Any, metrics: Metrics, p: Prepared, on_token: OnToken | None = None) -> GenResult:
+def run_generation(job: Job, metrics: Metrics, p: Prepared, on_token: OnToken | None = None) -> GenResult:
     """Generate for one prompt; `on_token(delta, logprobs)` after each token when streaming."""
     job.check()
     metrics.prompt_tokens.inc(len(p.ids))
@@ -59,8 +59,7 @@ def run_generation(job: Job, llm: Any, metrics: Metrics, p: Prepared, on_token: 
     parts: list[str] = []
     want_lp = p.params.logprobs is not None
     last = None
-    spec_before = llm.engine.spec_stats.snapshot()
-    gen = llm.stream_ids(p.ids, p.params, p.multimodal)
+    gen = job.worker.engine.stream(job, p.ids, p.params, p.multimodal)
     seq = None
     try:
         for delta, seq in gen:
@@ -81,7 +80,6 @@ def run_generation(job: Job, llm: Any, metrics: Metrics, p: Prepared, on_token: 
     finally:
         gen.close()  # cancels the sequence in the engine when we stop early
         metrics.generation_tokens.inc(len(result.token_ids))
-        metrics.count_speculation(llm.engine.spec_stats.since(spec_before))
     result.text = "".join(parts)
     if want_lp and seq is not None:
         result.logprobs = list(seq.output_logprobs)

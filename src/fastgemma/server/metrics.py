@@ -5,7 +5,9 @@ process. Names are prefixed `fastgemma:` like vLLM's `vllm:` metrics.
 
 - requests by endpoint and HTTP status; prompt and generated tokens;
 - time to first token (from arrival, so queueing is included) and inter-token latency;
-- end-to-end request latency; queue depth (waiting) and requests running;
+- end-to-end request latency; requests waiting (for a job thread or a cache slot), requests
+  running (sequences in the batch) and KV-cache usage, vLLM's names, read by routers such as
+  the llm-d / Gateway API inference extension;
 - speculative decoding (vLLM's `spec_decode_*` names): drafts, drafted and accepted tokens,
   accepted tokens per draft position.
 """
@@ -49,10 +51,16 @@ class Metrics:
             ["model_name"], buckets=E2E_BUCKETS, registry=r,
         ).labels(**labels)
         self.queue_depth = Gauge(
-            "fastgemma:num_requests_waiting", "Requests queued for the engine.", ["model_name"], registry=r
+            "fastgemma:num_requests_waiting", "Requests waiting for the engine (a job thread or a cache slot).",
+            ["model_name"], registry=r
         ).labels(**labels)
         self.running = Gauge(
-            "fastgemma:num_requests_running", "Requests the engine is working on (0 or 1).", ["model_name"], registry=r
+            "fastgemma:num_requests_running", "Sequences the engine is decoding together (each holds a cache slot).",
+            ["model_name"], registry=r
+        ).labels(**labels)
+        self.kv_cache_usage = Gauge(
+            "fastgemma:kv_cache_usage_perc", "Fraction of the KV-cache slots held by running sequences (0-1).",
+            ["model_name"], registry=r
         ).labels(**labels)
         self.spec_drafts = Counter(
             "fastgemma:spec_decode_num_drafts", "Verification steps that carried drafted tokens.", ["model_name"],

@@ -16,7 +16,7 @@ class ServerState:
     llm: Any
     served_model_name: str
     api_key: str | None
-    worker: Worker  # the engine's one thread
+    worker: Worker  # request job threads and the engine loop
     metrics: Metrics
     formatter: Formatter
     preprocess: ThreadPoolExecutor  # tokenising and media decoding, off the event loop

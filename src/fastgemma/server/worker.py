@@ -1,22 +1,33 @@
-"""The engine's one worker thread: a bounded FIFO of jobs, run one at a time.
+"""The server's threads: request jobs on a bounded pool, and the engine's one loop.
 
-The engine is not thread-safe, so every call into it happens here. A `Job` wraps a
-function `fn(job)` run on the worker; it may `emit` `TokenEvent`s (streamed tokens) to the
-event loop and returns a result. The asyncio side awaits `job.next()`.
+`Worker(max_queue, metrics, llm, max_running)`:
+- jobs: a `Job` wraps a function `fn(job)` (one request's work: generate, score, format),
+  run on one of `max_running` job threads (the engine's `max_num_seqs`); at most `max_queue`
+  more wait, in arrival order, and a job past that is refused (`QueueFull`, HTTP 429). A job
+  may `emit` `TokenEvent`s (streamed tokens) to the event loop and returns a result; the
+  asyncio side awaits `job.next()`.
+- the engine (`EngineLoop`, when given an `LLM`): the engine is not thread-safe, so one
+  thread makes every call into it. It loops: run what jobs asked for (add a request, abort
+  one, score a prompt), `engine.step()` while anything is unfinished (every running sequence
+  advances together: continuous batching), then hand each request's new text deltas to its
+  job's queue (`LLM.RequestStream.pull`). A job reads them with `engine.stream(job, ...)`.
 
 Cancellation (a client went away): `job.cancel()` removes a waiting job from the queue at
-once (its slot is free for the next request) or sets `job.cancelled`, which a running job
-checks between tokens; `Cancelled` then ends it and the engine frees the sequence.
+once (its slot is free for the next request) or sets `job.cancelled`, which a running job's
+stream notices within `POLL_S`; its sequence is aborted and its cache slot is free at the
+next engine step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +36,8 @@ from fastgemma.server.metrics import Metrics
 log = logging.getLogger("fastgemma.server")
 
 _ITEM, _DONE, _ERROR = 0, 1, 2
+POLL_S = 0.05  # how often a job waiting for tokens looks at its cancellation
+_END = object()  # a stream's end, after its last delta
 
 
 @dataclass(frozen=True)
@@ -99,23 +112,165 @@ class Job:
             self._post(_ERROR, Cancelled())
 
 
-class Worker:
-    """One daemon thread running jobs in submission order; at most `max_queue` waiting."""
+class EngineLoop:
+    """The engine's one thread (module docstring). Thread-safe: `stream`, `call`, `stop`."""
 
-    def __init__(self, max_queue: int, metrics: Metrics | None = None, name: str = "fastgemma-engine"):
+    def __init__(self, llm: Any, metrics: Metrics | None = None, name: str = "fastgemma-engine"):
+        self.llm, self.metrics = llm, metrics
+        self._tasks: deque[Callable[[], None]] = deque()  # run on the loop between steps
+        self._streams: dict[Any, queue.Queue] = {}  # RequestStream -> its job's queue (loop thread only)
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- job side ------------------------------------------------------------------------
+
+    def stream(self, job: Job | None, ids: list[int], params: Any, multimodal: Any = None) -> Iterator[tuple[Any, Any]]:
+        """Queue one prompt; yield (StreamDelta, live Sequence) per token as the engine makes
+        them. Closing the iterator or cancelling the job aborts the request."""
+        out: queue.Queue = queue.Queue()
+        started: Future = Future()
+
+        def add() -> None:
+            try:
+                rs = self.llm.add_request(ids, params, multimodal)
+            except Exception as e:  # bad input the engine refuses: the job's error
+                started.set_exception(e)
+                return
+            self._streams[rs] = out
+            started.set_result(rs)
+
+        self._post(add)
+        while True:
+            try:
+                rs = started.result(timeout=POLL_S)
+                break
+            except TimeoutError:
+                if job is not None:
+                    job.check()
+        try:
+            while True:
+                try:
+                    item = out.get(timeout=POLL_S)
+                except queue.Empty:
+                    if job is not None:
+                        job.check()
+                    continue
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item, rs.seq
+        finally:
+            self._post(lambda: self.llm.engine.finish(rs.seq, "abort"))  # no-op when finished
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """fn() on the engine thread between steps (e.g. scoring a prompt); its result."""
+        done: Future = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as e:
+                done.set_exception(e)
+
+        self._post(run)
+        return done.result()
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _post(self, task: Callable[[], None]) -> None:
+        with self._cond:
+            self._tasks.append(task)
+            self._cond.notify()
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        engine = self.llm.engine
+        while True:
+            with self._cond:
+                while not self._tasks and not engine.has_unfinished() and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                tasks, self._tasks = list(self._tasks), deque()
+            for task in tasks:
+                task()
+            if engine.has_unfinished():
+                self._step(engine)
+        for rs, out in self._streams.items():  # shutting down: every stream ends
+            engine.finish(rs.seq, "abort")
+            out.put(Cancelled())
+
+    def _step(self, engine: Any) -> None:
+        before = engine.spec_stats.snapshot()
+        try:
+            engine.step()
+        except Exception as e:  # a fault of the engine: every request in it fails, the loop goes on
+            log.exception("engine step failed")
+            for rs, out in list(self._streams.items()):
+                engine.finish(rs.seq, "abort")
+                out.put(RuntimeError(f"engine error: {type(e).__name__}: {e}"))
+            self._streams.clear()
+            return
+        if self.metrics is not None:
+            self.metrics.count_speculation(engine.spec_stats.since(before))
+        for rs, out in list(self._streams.items()):
+            for delta in rs.pull():
+                out.put(delta)
+            if rs.closed:
+                out.put(_END)
+                del self._streams[rs]
+
+
+class Worker:
+    """Request jobs on `max_running` threads, at most `max_queue` waiting, and the engine's
+    loop when given an `llm` (module docstring)."""
+
+    def __init__(
+        self,
+        max_queue: int,
+        metrics: Metrics | None = None,
+        llm: Any = None,
+        max_running: int = 1,
+        name: str = "fastgemma-job",
+    ):
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
         self.max_queue, self.metrics = max_queue, metrics
+        self.engine = EngineLoop(llm, metrics) if llm is not None else None
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
-        self.running: Job | None = None
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.running: set[Job] = set()
+        if metrics is not None:  # read when /metrics is scraped
+            scheduler = None if self.engine is None else llm.engine.scheduler
+            if scheduler is None:
+                metrics.queue_depth.set_function(lambda: len(self._waiting))
+                metrics.running.set_function(lambda: len(self.running))
+            else:
+                metrics.queue_depth.set_function(lambda: len(self._waiting) + scheduler.num_waiting)
+                metrics.running.set_function(lambda: scheduler.num_running)
+                metrics.kv_cache_usage.set_function(lambda: scheduler.num_running / scheduler.max_num_seqs)
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True) for i in range(max_running)
+        ]
+        for t in self._threads:
+            t.start()
 
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
 
     def submit(self, fn: Callable[[Job], Any], loop: asyncio.AbstractEventLoop | None = None) -> Job:
         job = Job(fn, loop or asyncio.get_running_loop())
@@ -128,12 +283,11 @@ class Worker:
                     f"the request queue is full ({self.max_queue} waiting); retry later or raise --max-queue"
                 )
             self._waiting.append(job)
-            self._gauge()
             self._cond.notify()
         return job
 
     def stop(self, timeout: float | None = 5.0) -> None:
-        """Cancel everything waiting and running, and end the thread."""
+        """Cancel everything waiting and running, and end the threads."""
         with self._cond:
             self._stopping = True
             waiting, self._waiting = list(self._waiting), deque()
@@ -141,9 +295,12 @@ class Worker:
         for job in waiting:
             job.cancelled.set()
             job._post(_ERROR, Cancelled())
-        if self.running is not None:
-            self.running.cancelled.set()
-        self._thread.join(timeout)
+        for job in list(self.running):
+            job.cancelled.set()
+        for t in self._threads:
+            t.join(timeout)
+        if self.engine is not None:
+            self.engine.stop(timeout)
 
     def _remove_waiting(self, job: Job) -> bool:
         with self._cond:
@@ -151,13 +308,7 @@ class Worker:
                 self._waiting.remove(job)
             except ValueError:
                 return False
-            self._gauge()
             return True
-
-    def _gauge(self) -> None:
-        if self.metrics is not None:
-            self.metrics.queue_depth.set(len(self._waiting))
-            self.metrics.running.set(0 if self.running is None else 1)
 
     def _loop(self) -> None:
         while True:
@@ -167,8 +318,7 @@ class Worker:
                 if self._stopping:
                     return
                 job = self._waiting.popleft()
-                self.running = job
-                self._gauge()
+                self.running.add(job)
             try:
                 if job.cancelled.is_set():
                     raise Cancelled()
@@ -177,7 +327,7 @@ class Worker:
                 job._post(_ERROR, e)
             except BaseException as e:  # reported to the request, never kills the worker
                 if not isinstance(e, Exception):
-                    log.exception("engine worker: %s", type(e).__name__)
+                    log.exception("worker: %s", type(e).__name__)
                 job._post(_ERROR, e if isinstance(e, Exception) else RuntimeError(repr(e)))
             else:
                 job._post(_DONE, result)
@@ -185,5 +335,4 @@ class Worker:
                 if self.metrics is not None:
                     self.metrics.e2e.observe(time.perf_counter() - job.arrival)
                 with self._cond:
-                    self.running = None
-                    self._gauge()
+                    self.running.discard(job)

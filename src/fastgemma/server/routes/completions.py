@@ -41,7 +41,7 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
     def work(job: Job) -> list[GenResult]:
         results = []
         for p in prepared:
-            r = run_generation(job, state.llm, state.metrics, p)
+            r = run_generation(job, state.metrics, p)
             _finish(state, req, p, r)
             results.append(r)
         return results
@@ -90,7 +90,7 @@ def _finish(state: ServerState, req: P.CompletionRequest, p: Prepared, r: GenRes
     fmt, entries = state.formatter, None
     k = max(req.prompt_logprobs or 0, req.logprobs or 0)
     if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
-        entries = state.llm.prompt_logprobs(p.ids, top=k)
+        entries = state.worker.engine.call(lambda: state.llm.prompt_logprobs(p.ids, top=k))  # between engine steps
     if req.prompt_logprobs is not None:
         r.extra["prompt_logprobs"] = fmt.prompt_logprobs(p.ids, _trim_top(entries, req.prompt_logprobs))
     if req.logprobs is not None:
@@ -124,7 +124,7 @@ async def _stream(state: ServerState, request: Request, req: P.CompletionRequest
                     lp = fmt.completion_logprobs([delta.token_id], [lps])
                 job.emit(TokenEvent(i, delta.text, delta.token_id, delta.finish_reason, lp))
 
-            r = run_generation(job, state.llm, state.metrics, p, on_token)
+            r = run_generation(job, state.metrics, p, on_token)
             if p.max_tokens == 0:
                 job.emit(TokenEvent(i, "", finish_reason="length"))
             _finish(state, req, p, r)
