@@ -126,7 +126,7 @@ def mm_llm(tiny_multimodal):
 def embedded_llm_fp32():
     from fastgemma import LLM
 
-    return LLM(dtype="float32")
+    return LLM(dtype="float32", max_model_len=4096, max_num_seqs=4)  # the longest PPL record: 2943 tokens
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The real embedded Gemma 3 270M (GGUF) against transformers fp32 on the challenge data.
 
-- greedy 64 tokens on challenge prompts: token-identical to transformers' `generate`;
+- greedy 64 tokens on challenge prompts: token-identical to transformers' `generate`, batched
+  in the engine and through the server with concurrent clients;
 - `score()` PPL on challenge PPL records: within 0.1% of transformers' teacher-forced PPL;
 - the checkpoint re-saved as a Hugging Face folder loads and gives the same logits.
 """
@@ -24,19 +25,54 @@ def _chat_ids(llm: LLM, text: str) -> list[int]:
     return llm.chat_prompt_ids([{"role": "user", "content": text}])
 
 
-def test_greedy_matches_transformers(embedded_llm_fp32, embedded_reference, eval_prompts):
-    llm, ref = embedded_llm_fp32, embedded_reference
-    prompts = [_chat_ids(llm, p) for p in eval_prompts[:NUM_PROMPTS]]
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    ours = [o.token_ids for o in llm.generate(prompts, params)]
-    for ids, got in zip(prompts, ours):
+@pytest.fixture(scope="module")
+def greedy_reference(embedded_llm_fp32, embedded_reference, eval_prompts) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, transformers' greedy MAX_TOKENS tokens) for the first challenge prompts."""
+    out = []
+    for text in eval_prompts[:NUM_PROMPTS]:
+        ids = _chat_ids(embedded_llm_fp32, text)
         with torch.no_grad():
-            out = ref.generate(
+            gen = embedded_reference.generate(
                 torch.tensor([ids]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False
             )
-        expected = out[0, len(ids) :].tolist()
+        out.append((ids, gen[0, len(ids) :].tolist()))
+    return out
+
+
+def test_greedy_matches_transformers(embedded_llm_fp32, greedy_reference):
+    """The prompts batched together (continuous batching) give transformers' tokens."""
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    ours = [o.token_ids for o in embedded_llm_fp32.generate([ids for ids, _ in greedy_reference], params)]
+    for got, (_, expected) in zip(ours, greedy_reference):
         first_diff = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
         assert got == expected, f"diverges at generated position {first_diff}"
+
+
+def test_served_concurrent_greedy_matches_transformers(embedded_llm_fp32, greedy_reference):
+    """Concurrent clients, arriving one after another while the others decode, through the server."""
+    import threading
+    import time
+
+    import httpx
+
+    from fastgemma.server import ServerThread
+
+    got: dict[int, list[int]] = {}
+
+    def client(i: int, ids: list[int], url: str) -> None:
+        time.sleep(0.3 * i)  # staggered: each joins a running batch
+        body = {"prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=600)
+        got[i] = r.json()["choices"][0]["token_ids"]
+
+    with ServerThread(embedded_llm_fp32, max_queue=8) as server:
+        threads = [threading.Thread(target=client, args=(i, ids, server.url)) for i, (ids, _) in enumerate(greedy_reference)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [got[i] for i in range(len(greedy_reference))] == [expected for _, expected in greedy_reference]
 
 
 def _ppl(nll: list[float]) -> float:

@@ -149,3 +149,35 @@ def test_queue_full_429_and_cancel_frees_the_slot(restricted_server, helpers):
         helpers.wait_idle(s)
         assert helpers.metric(c, "fastgemma:requests_total", endpoint="/v1/completions", status="429") == 2
         assert c.post("/v1/completions", json=short_body).status_code == 200
+
+
+def test_bad_requests_during_eight_streams_change_nothing(server, ref_llm, helpers):
+    """Eight greedy streams decode together while the battery of bad requests arrives; every
+    bad one gets its 4xx and every stream its batch-1 tokens."""
+    from test_bad_requests import BAD  # noqa: E402  (this folder is on sys.path)
+
+    prompts = [f"Stream {i} tells a story about" for i in range(8)]
+    n = 24
+
+    def good(prompt: str) -> list[int]:
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
+                "return_token_ids": True}
+        with httpx.Client(base_url=server.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            return [t for chunk in _sse_lines(r) for t in chunk["choices"][0].get("token_ids") or []]
+
+    def bad(case) -> tuple[str, int, int]:
+        _, path, body, status, _ = case
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            r = c.post(path, content=body) if isinstance(body, str) else c.post(path, json=body)
+        return case[0], r.status_code, status
+
+    with ThreadPoolExecutor(8 + 4) as pool, httpx.Client(base_url=server.url, timeout=60) as c:
+        streams = [pool.submit(good, p) for p in prompts]
+        helpers.wait_for(lambda: helpers.metric(c, "fastgemma:num_requests_running") >= 2, what="the streams to run")
+        refused = list(pool.map(bad, BAD))
+        got = [s.result() for s in streams]
+    assert all(code == want for _, code, want in refused), [r for r in refused if r[1] != r[2]]
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    assert got == [o.token_ids for o in ref_llm.generate(prompts, params)]
+    assert got == [ref_llm.generate(p, params)[0].token_ids for p in prompts[:2]] + got[2:]  # alone, too

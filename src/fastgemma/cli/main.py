@@ -172,6 +172,39 @@ def bench_decode(
     typer.echo(json.dumps(result))
 
 
+@bench_app.command("serve")
+@engine_options()
+def bench_serve(
+    model: Optional[str] = ModelOpt,
+    url: Optional[str] = typer.Option(None, "--url", help="An OpenAI-compatible endpoint to measure (default: start fastgemma serve with the options given here)."),
+    concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="Comma-separated client counts."),
+    num_prompts: int = typer.Option(16, "--num-prompts", help="Challenge prompts used, in turn."),
+    output_len: int = typer.Option(256, "--output-len", help="Tokens generated per request (EOS ignored)."),
+    rounds: int = typer.Option(2, "--rounds", help="Requests per client at each concurrency."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="sharegpt JSON (default: the challenge prompts)."),
+    as_json: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+    options: dict[str, Any] | None = None,
+) -> None:
+    """Served throughput and latency at several concurrencies (continuous batching).
+
+    At each concurrency C, C clients stream chat requests of OUTPUT_LEN greedy tokens back to back (ROUNDS each). Reported: aggregate output tok/s and its ratio to the first concurrency's, time to first token and inter-token latency (median, p99).
+    """
+    from fastgemma.bench.serve import ServeBenchConfig, render_table, run_serve_bench
+
+    try:
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+        cfg = ServeBenchConfig(
+            engine=EngineConfig(model=model, **(options or {})), url=url, concurrency=levels,
+            num_prompts=num_prompts, output_len=output_len, rounds=rounds, prompts=prompts,
+        )
+        result = run_serve_bench(cfg, log=(lambda *_: None) if as_json else (lambda m: typer.echo(m, err=True)))
+    except (ValueError, RuntimeError) as e:
+        fail(str(e))
+    if not as_json:
+        render_table(result)
+    typer.echo(json.dumps(result))
+
+
 app.command("verify")(verify)
 app.command("tune", help=tune_help())(tune)
 app.command("submission")(submission)

@@ -3,7 +3,9 @@
 bf16 on the CPU is a lookup in one table of GELU at every bf16 number, so a value's result
 depends on the value only (torch's vectorised and scalar tanh differ in the last bit, by where
 a value sits in the loop), and the fused native decode step (cpu_decode_layer.c) reads the very
-same table. The table is a constant, computed once on first use.
+same table. The table is a constant, computed once on first use. fp32 decode rows (up to
+`NATIVE_MAX_ROWS`) with the native kernels go through `cpu_norm.c`'s scalar GELU for the same
+reason: a batch of rows must give each row the bits it gets alone.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from fastgemma.kernels import bf16_table
+from fastgemma.kernels import bf16_table, native
+from fastgemma.kernels.linear import NATIVE_MAX_ROWS
 
 
 @functools.cache
@@ -22,8 +25,15 @@ def gelu_tanh_table() -> torch.Tensor:
     return bf16_table.tabulate(lambda x: F.gelu(x, approximate="tanh"))
 
 
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GELU with the tanh approximation; bf16 on CPU through `gelu_tanh_table()`."""
+def gelu_tanh(x: torch.Tensor, use_native: bool = False) -> torch.Tensor:
+    """GELU with the tanh approximation; bf16 on CPU through `gelu_tanh_table()`; fp32
+    decode rows [T <= NATIVE_MAX_ROWS, ...] on CPU through the native kernel with `use_native`."""
     if x.dtype == torch.bfloat16 and x.device.type == "cpu":
         return bf16_table.lookup(gelu_tanh_table(), x)
+    lib = native.load() if use_native and x.device.type == "cpu" and x.dtype == torch.float32 else None
+    if lib is not None and x.shape[0] <= NATIVE_MAX_ROWS:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        lib.gelu_tanh_f32(x.data_ptr(), y.data_ptr(), x.numel())
+        return y
     return F.gelu(x, approximate="tanh")

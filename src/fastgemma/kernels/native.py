@@ -85,6 +85,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr]
     lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
     lib.screen_select.restype = i64
+    lib.gelu_tanh_f32.argtypes = [ptr, ptr, i64]
+    lib.gelu_tanh_f32.restype = None
     lib.set_gelu_table_bf16.argtypes = [ptr]
     lib.set_gelu_table_bf16.restype = None
     for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.gemv_q8, lib.gemv_q4,

@@ -49,13 +49,13 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, native: bool = False):
         super().__init__()
-        self.intermediate = intermediate
+        self.intermediate, self.use_native = intermediate, native
         self.gate_up_proj = Linear(hidden, 2 * intermediate, native)
         self.down_proj = Linear(intermediate, hidden, native)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] each
-        return self.down_proj(gelu_tanh(gate) * up)
+        return self.down_proj(gelu_tanh(gate, self.use_native) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -92,7 +92,7 @@ class DecoderLayer(nn.Module):
         h = h + self.post_attention_layernorm(attn)
         h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         if self.has_ple:
-            gated = gelu_tanh(self.per_layer_input_gate(h)) * ple
+            gated = gelu_tanh(self.per_layer_input_gate(h), self.per_layer_input_gate.use_native) * ple
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
         if self.layer_scalar is not None:
             h = h * self.layer_scalar

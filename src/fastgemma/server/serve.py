@@ -86,6 +86,9 @@ def run_server(
     name = app.state.fastgemma.served_model_name
     c = llm.config
     spec = c.speculative if c.speculative == "none" else f"{c.speculative} k={c.num_speculative_tokens}"
+    pool = llm.runner.pool
+    print(f"fastgemma: KV cache: {pool.num_seqs} sequences x {llm.max_model_len} tokens, "
+          f"{pool.num_bytes / 2**20:.0f} MiB", flush=True)
     print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, dtype {llm.model.dtype}, "
           f"quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

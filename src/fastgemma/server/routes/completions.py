@@ -138,8 +138,10 @@ async def _stream(state: ServerState, request: Request, req: P.CompletionRequest
             if not is_event:
                 break
             n_gen += event.token_id is not None
-            if not event.text and event.finish_reason is None and event.logprobs is None:
-                continue  # held back (incomplete character or possible stop string)
+            if not event.text and event.finish_reason is None and event.logprobs is None and not (
+                req.return_token_ids and event.token_id is not None
+            ):
+                continue  # held back (incomplete character or possible stop string); its id still goes out
             choice = P.CompletionStreamChoice(
                 index=event.index,
                 text=event.text,

@@ -1,0 +1,120 @@
+"""Continuous batching: every request's tokens are the ones it gets alone.
+
+Checked on tiny random models (rings of 8 slots, so sequences cross the sliding window many
+times; prefill chunks of 16, so long prompts take several steps beside running decodes) for
+every decode path: fused bf16, per-op bf16, per-op fp32, and the fixed-shape step on CPU.
+Requests arrive at different steps, some are cancelled mid-stream, neighbours sample, ask for
+logprobs or stop early; a greedy request's tokens never change, and a seeded sampled one's
+neither.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fastgemma import LLM, SamplingParams
+from fastgemma.engine.llm_engine import LLMEngine
+from fastgemma.engine.model_runner import ModelRunner
+from fastgemma.kernels import native
+
+needs_native = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
+
+LEN = 128
+PATHS = {
+    "fused bf16": dict(dtype="bfloat16"),
+    "per-op bf16": dict(dtype="bfloat16", fused_decode=False),
+    "per-op fp32": dict(dtype="float32"),
+}
+
+
+def _workload(seed: int = 0) -> list[tuple[int, list[int], SamplingParams]]:
+    """(arrival step, prompt, params): prompts of 2-45 tokens (past the window of 8 and the
+    chunk of 16), outputs of 5-60 tokens, greedy, greedy with logprobs, and seeded sampling."""
+    rng = random.Random(seed)
+    work = []
+    for i in range(9):
+        prompt = [rng.randrange(1, 500) for _ in range(rng.choice([2, 7, 20, 45]))]
+        kind = i % 3
+        params = SamplingParams(
+            max_tokens=rng.randrange(5, 60), ignore_eos=True,
+            temperature=0.0 if kind < 2 else 0.9, top_k=0 if kind < 2 else 40,
+            seed=None if kind < 2 else 100 + i, logprobs=2 if kind == 1 else None,
+        )
+        work.append((rng.randrange(0, 30), prompt, params))
+    return work
+
+
+def _run(engine: LLMEngine, work, cancel: dict[int, int] | None = None) -> list[tuple[list[int], list]]:
+    """Add each request at its arrival step; `cancel` {request: output length}: abort it
+    there. Returns every request's (tokens, logprobs)."""
+    cancel = cancel or {}
+    seqs: dict[int, object] = {}
+    step = 0
+    while len(seqs) < len(work) or engine.has_unfinished():
+        for i, (arrival, prompt, params) in enumerate(work):
+            if arrival == step and i not in seqs:
+                seqs[i] = engine.add_request(prompt, params)
+        for i, n in cancel.items():
+            if i in seqs and len(seqs[i].output_token_ids) >= n:
+                engine.finish(seqs[i], "abort")
+        if engine.has_unfinished():
+            engine.step()
+        step += 1
+    return [(list(seqs[i].output_token_ids), list(seqs[i].output_logprobs)) for i in range(len(work))]
+
+
+def _alone(folder, opts: dict, work) -> list[tuple[list[int], list]]:
+    llm = LLM(str(folder), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=1, **opts)
+    return [_run(llm.engine, [(0, prompt, params)])[0] for _, prompt, params in work]
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_gemma3"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_each_request_gets_its_tokens_alone_whatever_joins_or_leaves(name, path, request):
+    folder, opts = request.getfixturevalue(name), PATHS[path]
+    work = _workload()
+    alone = _alone(folder, opts, work)
+    llm = LLM(str(folder), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=4, **opts)
+    assert llm.runner.batched and llm.model.fused_decode == (path == "fused bf16")
+    assert _run(llm.engine, work) == alone
+    # Cancelled mid-stream: the others are unaffected; the cancelled ones stopped where cut.
+    cut = {1: 3, 4: 1}
+    got = _run(llm.engine, work, cancel=cut)
+    for i, (tokens, _) in enumerate(got):
+        want = alone[i][0]
+        assert tokens == (want[: len(tokens)] if i in cut else want), i
+        if i in cut:
+            assert cut[i] <= len(tokens) < len(want)
+    assert not llm.engine.scheduler.running and len(llm.engine.scheduler.free_slots) == 4  # every slot back
+
+
+@needs_native
+def test_speculative_sequences_batch_exactly(tiny_e4b):
+    """n-gram drafts share a forward's rows with the other sequences' decodes."""
+    work = [(a, p, SamplingParams(max_tokens=s.max_tokens, temperature=0.0, ignore_eos=True)) for a, p, s in _workload(1)]
+    work += [(3, [9, 4] * 10, SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))]  # drafts well
+    alone = _alone(tiny_e4b, PATHS["fused bf16"], work)
+    spec = LLM(str(tiny_e4b), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=3, dtype="bfloat16",
+               speculative="ngram", num_speculative_tokens=5, prompt_lookup_min=1)
+    assert _run(spec.engine, work) == alone
+    assert spec.engine.spec_stats.num_accepted_tokens > 0
+
+
+def test_the_fixed_shape_step_batches_exactly(tiny_gemma3):
+    """The fixed-shape step (CUDA's graph path, run eagerly on CPU): one step per sequence slot."""
+    llm = LLM(str(tiny_gemma3), dtype="float32", device="cpu", max_model_len=LEN, kernels="torch")
+
+    def engine(num_seqs: int) -> LLMEngine:
+        runner = ModelRunner(llm.model, LEN, prefill_chunk=16, static_steps=True, enforce_eager=True,
+                             max_num_seqs=num_seqs)
+        return LLMEngine(runner, llm.spec.eos_token_ids, llm.spec.vocab_size)
+
+    work = [(a, p, SamplingParams(max_tokens=min(s.max_tokens, 20), temperature=0.0, ignore_eos=True))
+            for a, p, s in _workload(2)[:5]]
+    alone = [_run(engine(1), [(0, p, s)])[0] for _, p, s in work]
+    batched = engine(3)
+    assert _run(batched, work) == alone
+    assert sorted(batched.runner.static) == [0, 1, 2]  # each slot ran its own step
