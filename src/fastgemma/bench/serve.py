@@ -113,7 +113,7 @@ def _request(client, model: str, prompt: str, output_len: int) -> dict[str, Any]
             "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     times, tokens = [], None
-    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+    with client.stream("POST", "/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:200]}")
         for line in r.iter_lines():
