@@ -128,3 +128,27 @@ def test_a_prompt_too_long_in_bytes_is_refused_before_tokenising(client, server,
     limit = llm.max_model_len * llm.tokenizer.max_token_bytes
     assert limit < len(huge) and llm.tokenizer.max_token_bytes >= max(len(p) for p in ("hello", " world"))
     _still_serves(client)
+
+
+_LARGEST_BODY = """
+import json, resource
+from fastgemma.server import protocol as P
+from fastgemma.server.handling import MAX_BODY_BYTES
+body = ('{"prompt": [' + ",".join(["100000"] * (MAX_BODY_BYTES // 7 - 10)) + ']}').encode()
+assert len(body) <= MAX_BODY_BYTES
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+P.CompletionRequest.model_validate(json.loads(body))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+"""
+
+
+def test_the_largest_accepted_body_stays_within_the_memory_budget():
+    """README's budget: a body just under the 64 MiB limit, all token ids (the most Python
+    objects per byte), takes at most 640 MiB to parse and validate (measured 441 MiB) before
+    the prompt is refused as too long. Peak resident memory of a fresh process."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _LARGEST_BODY], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) < 640
