@@ -239,7 +239,7 @@ def main() -> None:
         weights = bytes_per_token(graph.model, 0)
         step_bytes = bytes_per_token(graph.model, context)
         out = {"fastgemma_graph_tok_s": tps, "bytes_per_token": step_bytes, "weight_bytes": weights,
-               "kv_bytes": step_bytes - weights, "cuda_graph": bool(graph.runner.static and graph.runner.static.graph)}
+               "kv_bytes": step_bytes - weights, "cuda_graph": any(s.graph is not None for s in graph.runner.static.values())}
         state["tokens"] = tokens
         eager_tps, eager_tokens = eager_decode(graph, reps)
         del graph
@@ -256,14 +256,16 @@ def main() -> None:
 
     def eager_decode(engine_llm: LLM, repetitions: int) -> tuple[float, list[int]]:
         """The loaded engine with its step run eagerly (what --enforce-eager runs)."""
-        static = engine_llm.runner.static
-        if static is None:  # not CUDA: there is no graph to compare with
+        steps = list(engine_llm.runner.static.values())  # the fixed-shape steps, one per cache slot used
+        if not steps:  # not CUDA: there is no graph to compare with
             return fastgemma_decode(engine_llm, prompt, n, repetitions)
-        static.use_graph = False
+        for step in steps:
+            step.use_graph = False
         try:
             return fastgemma_decode(engine_llm, prompt, n, repetitions)
         finally:
-            static.use_graph = True
+            for step in steps:
+                step.use_graph = True
 
     def p_transformers() -> dict[str, Any]:
         model = state.pop("hf")

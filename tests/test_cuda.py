@@ -52,10 +52,11 @@ def test_cuda_graph_replays_the_eager_step_bit_for_bit(name, request):
     folder = request.getfixturevalue(name)
     graph = LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=128)
     eager = LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=128, enforce_eager=True)
-    assert graph.runner.static is not None and graph.runner.static.use_graph
-    assert eager.runner.static is not None and not eager.runner.static.use_graph
+    assert graph.runner.static_steps and eager.runner.static_steps
     assert _tokens(graph) == _tokens(eager)
-    assert graph.runner.static.graph is not None  # captured once, replayed since
+    steps = list(graph.runner.static.values())  # one fixed-shape step per cache slot used
+    assert steps and all(s.use_graph and s.graph is not None for s in steps)  # captured once, replayed since
+    assert not any(s.use_graph for s in eager.runner.static.values())
     ids = list(range(3, 30))
     for llm in (graph, eager):
         llm.runner.prefill(ids)
@@ -67,7 +68,7 @@ def test_cuda_graph_replays_the_eager_step_bit_for_bit(name, request):
 
 def test_cuda_kernels_torch_runs_the_per_op_path(tiny_e4b):
     llm = LLM(str(tiny_e4b), dtype="bfloat16", device="cuda", max_model_len=128, kernels="torch")
-    assert llm.runner.static is None
+    assert not llm.runner.static_steps
     assert len(_tokens(llm)[0]) == 70
 
 
