@@ -1,9 +1,11 @@
-"""Engine-side work of one request, run on the worker thread: generate, score, format.
+"""Engine-side work of one request, run on its job thread (worker.py): generate, score, format.
 
 `run_generation` reads one prompt's text deltas from the engine loop (worker.py: the engine
 steps every running request together; stop strings and UTF-8-safe deltas are the LLM's
-`RequestStream`), checks for cancellation between tokens and records the latency metrics. The formatters turn engine logprobs into the API's shapes; they decode token
-pieces, so they also run on the worker (the one tokenizer user besides pre-processing).
+`RequestStream`), checks for cancellation between tokens and records the latency metrics.
+The formatters turn engine logprobs into the API's shapes; they decode token pieces on the
+job threads (the tokenizer's other users: pre-processing, and the engine loop's incremental
+detokenising; none of them changes the tokenizer's settings).
 """
 
 from __future__ import annotations

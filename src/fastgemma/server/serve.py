@@ -97,7 +97,7 @@ def run_server(
 def load_on_passing_thread(load: Callable[[], Any]) -> Any:
     """`load()` on a thread that ends when it returns; its result (or its exception).
 
-    The engine runs on the server's worker thread, and its kernels use OpenMP. OpenMP keeps a
+    The engine runs on the server's engine-loop thread (worker.py), and its kernels use OpenMP. OpenMP keeps a
     team of threads per thread that ever ran a parallel region; loading a model on the main
     thread leaves one there, and with two teams on a machine's cores libgomp stops spinning
     between regions, which made every decode step ~40% slower when served (measured on
