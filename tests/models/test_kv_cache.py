@@ -49,3 +49,21 @@ def test_padding_rows_are_invalid_and_write_the_scratch_slot():
     cache.scatter(full_layer, k, k, meta)
     changed = (cache.k[full_layer] != before).any(dim=-1).any(dim=0).nonzero().flatten().tolist()
     assert changed == [10, 11, cache.max_model_len]
+
+
+def test_a_pools_slots_are_views_of_one_allocation_and_copy_whole():
+    """KVCachePool: slot i's cache is row i of every buffer; writing one slot leaves the others
+    alone; `copy` makes one slot's K/V another's (a forked sequence)."""
+    from fastgemma.models.kv_cache import KVCachePool
+
+    spec = arch_spec_from_config(tiny_models.gemma4_e4b_like_config())
+    pool = KVCachePool(spec, 32, torch.float32, torch.device("cpu"), num_seqs=3, spare_ring_slots=2)
+    assert [c.index for c in pool.seqs] == [0, 1, 2] and all(c.pool is pool for c in pool.seqs)
+    layer = next(iter(pool.k))
+    hkv, hd = pool.k[layer].shape[1], pool.k[layer].shape[3]
+    pool.seqs[1].write_row(layer, torch.ones(hkv, hd), torch.full((hkv, hd), 2.0), position=5)
+    assert pool.seqs[1].k[layer].data_ptr() == pool.k[layer][1].data_ptr()
+    assert pool.k[layer][1].sum() == hkv * hd and pool.k[layer][0].abs().sum() == pool.k[layer][2].abs().sum() == 0
+    pool.copy(1, 2)
+    assert all(torch.equal(t[1], t[2]) for t in (*pool.k.values(), *pool.v.values()))
+    assert pool.num_bytes == 3 * sum(t[0].numel() * 4 for t in (*pool.k.values(), *pool.v.values()))
