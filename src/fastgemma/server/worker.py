@@ -141,13 +141,18 @@ class EngineLoop:
             self._streams[rs] = out
             started.set_result(rs)
 
+        def abort() -> None:  # on the loop, after `add` (tasks run in order)
+            if started.exception() is None:
+                self.llm.engine.finish(started.result().seq, "abort")  # no-op when finished
+
         self._post(add)
         while True:
             try:
                 rs = started.result(timeout=POLL_S)
                 break
             except TimeoutError:
-                if job is not None:
+                if job is not None and job.cancelled.is_set():
+                    self._post(abort)  # the request was queued meanwhile: drop it
                     job.check()
         try:
             while True:
@@ -163,7 +168,7 @@ class EngineLoop:
                     raise item
                 yield item, rs.seq
         finally:
-            self._post(lambda: self.llm.engine.finish(rs.seq, "abort"))  # no-op when finished
+            self._post(abort)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """fn() on the engine thread between steps (e.g. scoring a prompt); its result."""
