@@ -34,7 +34,7 @@ def main() -> None:
     from transformers.generation import GenerationConfig
 
     from fastgemma import LLM, SamplingParams
-    from fastgemma.bench.serve import load_prompts
+    from fastgemma.bench.decode import load_sharegpt_prompts
     from fastgemma.data import PROMPTS_FILE, challenge_file
     from fastgemma.weights.source import embedded_model_path
 
@@ -42,7 +42,7 @@ def main() -> None:
     path = embedded_model_path()
     theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.bfloat16,
                                                   attn_implementation="sdpa")
-    texts = load_prompts(challenge_file(PROMPTS_FILE), max(levels))
+    texts = load_sharegpt_prompts(challenge_file(PROMPTS_FILE), max(levels))
     prompts = [ours.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts]
     n = args.output_len
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)

@@ -11,25 +11,28 @@ chunks, all requests pooled), median and p99. One short untimed request first.
 
 The endpoint is `url` (any OpenAI-compatible server: llama.cpp's llama-server, vLLM, ...) or,
 without one, a `fastgemma serve` started here as a child process with the given engine
-options on a free loopback port (its own process, as users run it), stopped at the end.
+options on a free loopback port (its own process, as users run it; verify/endpoint.py's
+`ServeProcess`, as `fastgemma verify` starts it), stopped at the end.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
+import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from fastgemma.bench.decode import load_sharegpt_prompts
 from fastgemma.config import EngineConfig
 from fastgemma.data import PROMPTS_FILE, challenge_file
+from fastgemma.verify.endpoint import ServeProcess, free_port, serve_command
 
 
 @dataclass(frozen=True)
@@ -49,62 +52,6 @@ class ServeBenchConfig:
         for name, value in (("num-prompts", self.num_prompts), ("output-len", self.output_len), ("rounds", self.rounds)):
             if value < 1:
                 raise ValueError(f"--{name} must be >= 1 (got {value})")
-
-
-def load_prompts(path: Path, n: int) -> list[str]:
-    items = json.loads(path.read_text())
-    out = []
-    for item in items:
-        human = next((t["value"] for t in item.get("conversations", []) if t.get("from") in ("human", "user")), None)
-        if human:
-            out.append(human)
-        if len(out) == n:
-            break
-    if not out:
-        raise ValueError(f"no human turns in {path}")
-    return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    """`fastgemma serve` in a child process, on a free loopback port."""
-
-    def __init__(self, engine: EngineConfig, timeout_s: float, log):
-        import httpx
-
-        port = _free_port()
-        cmd = [sys.executable, "-m", "fastgemma.cli.main", "serve", *engine.serve_args(), "--host", "127.0.0.1",
-               "--port", str(port)]
-        log(f"starting: fastgemma serve {' '.join(cmd[4:])}")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.output: list[str] = []
-        threading.Thread(target=lambda: self.output.extend(self.proc.stdout), daemon=True).start()
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("fastgemma serve exited: " + "".join(self.output[-5:]).strip())
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"fastgemma serve did not answer /health within {timeout_s:.0f} s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def _request(client, model: str, prompt: str, output_len: int) -> dict[str, Any]:
@@ -129,13 +76,6 @@ def _request(client, model: str, prompt: str, output_len: int) -> dict[str, Any]
         raise RuntimeError("the response streamed no content")
     return {"ttft": times[0] - start, "gaps": [b - a for a, b in zip(times, times[1:])],
             "tokens": tokens if tokens is not None else len(times)}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run_level(base_url: str, model: str, prompts: list[str], concurrency: int, rounds: int, output_len: int) -> dict:
@@ -174,19 +114,25 @@ def run_level(base_url: str, model: str, prompts: list[str], concurrency: int, r
     return {
         "concurrency": concurrency, "requests": len(results), "output_tokens": tokens, "wall_s": round(wall, 3),
         "output_tok_s": round(tokens / wall, 2),
-        "ttft_ms_median": round(1000 * statistics.median(ttft), 1), "ttft_ms_p99": round(1000 * _percentile(ttft, 0.99), 1),
+        "ttft_ms_median": round(1000 * statistics.median(ttft), 1), "ttft_ms_p99": round(1000 * float(np.percentile(ttft, 99)), 1),
         "itl_ms_median": round(1000 * statistics.median(gaps), 2) if gaps else None,
-        "itl_ms_p99": round(1000 * _percentile(gaps, 0.99), 2) if gaps else None,
+        "itl_ms_p99": round(1000 * float(np.percentile(gaps, 99)), 2) if gaps else None,
     }
 
 
 def run_serve_bench(cfg: ServeBenchConfig, log=print) -> dict:
     import httpx
 
-    prompts = load_prompts(cfg.prompts or challenge_file(PROMPTS_FILE), cfg.num_prompts)
-    server = None if cfg.url else _Server(cfg.engine, cfg.startup_timeout_s, log)
-    base = (cfg.url or server.url).rstrip("/").removesuffix("/v1")
-    try:
+    prompts = load_sharegpt_prompts(cfg.prompts or challenge_file(PROMPTS_FILE), cfg.num_prompts)
+    if cfg.url:
+        server = nullcontext(None)
+    else:  # fastgemma serve as a child process (verify/endpoint.py), stopped on the way out
+        port = free_port()
+        command = serve_command(cfg.engine.serve_args(), port)
+        log(f"starting: fastgemma serve {' '.join(command[4:])}")
+        server = ServeProcess(command, port, Path(tempfile.mkdtemp()) / "serve.log", cfg.startup_timeout_s)
+    with server as proc:
+        base = (cfg.url or proc.url).rstrip("/").removesuffix("/v1")
         model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
         with httpx.Client(base_url=base + "/v1", timeout=600) as c:
             _request(c, model, prompts[0], 4)  # warm-up, untimed
@@ -194,9 +140,6 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> dict:
         for n in cfg.concurrency:
             log(f"concurrency {n}: {n * cfg.rounds} requests of {cfg.output_len} tokens")
             levels.append(run_level(base, model, prompts, n, cfg.rounds, cfg.output_len))
-    finally:
-        if server is not None:
-            server.stop()
     first = levels[0]["output_tok_s"]
     for level in levels:
         level["vs_first"] = round(level["output_tok_s"] / first, 2)
