@@ -8,9 +8,10 @@
   asyncio side awaits `job.next()`.
 - the engine (`EngineLoop`, when given an `LLM`): the engine is not thread-safe, so one
   thread makes every call into it. It loops: run what jobs asked for (add a request, abort
-  one, score a prompt), `engine.step()` while anything is unfinished (every running sequence
-  advances together: continuous batching), then hand each request's new text deltas to its
-  job's queue (`LLM.RequestStream.pull`). A job reads them with `engine.stream(job, ...)`.
+  one, score a prompt), `engine.step()` while any of its requests is unfinished (every running
+  sequence advances together: continuous batching), then hand each request's new text deltas
+  to its job's queue (`LLM.RequestStream.pull`). A job reads them with `engine.stream(job, ...)`.
+  With no request of its own in flight it does not touch the engine.
 
 Cancellation (a client went away): `job.cancel()` removes a waiting job from the queue at
 once (its slot is free for the next request) or sets `job.cancelled`, which a running job's
@@ -200,14 +201,16 @@ class EngineLoop:
         engine = self.llm.engine
         while True:
             with self._cond:
-                while not self._tasks and not engine.has_unfinished() and not self._stopping:
+                # `_streams` is only touched on this thread; it steps while its own requests
+                # run, so between requests it leaves the engine alone
+                while not self._tasks and not self._streams and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     break
                 tasks, self._tasks = list(self._tasks), deque()
             for task in tasks:
                 task()
-            if engine.has_unfinished():
+            if self._streams:
                 self._step(engine)
         for rs, out in self._streams.items():  # shutting down: every stream ends
             engine.finish(rs.seq, "abort")
