@@ -212,6 +212,13 @@ async def stream(request: Request, job: Job, events: Callable[[Job], AsyncIterat
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
 
+def held_back(event: Any, return_token_ids: bool) -> bool:
+    """A streamed `TokenEvent` with nothing to send: no text yet (an incomplete character or a
+    possible stop string), not the last, no logprobs, and its token id not asked for."""
+    return not (event.text or event.finish_reason is not None or event.logprobs is not None
+                or (return_token_ids and event.token_id is not None))
+
+
 def usage(prompt: int, completion: int) -> P.UsageInfo:
     return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 

@@ -19,6 +19,7 @@ from fastgemma.server.generation import GenResult, Prepared, run_generation
 from fastgemma.server.handling import (
     check_model,
     context_check,
+    held_back,
     json_response,
     off_loop,
     run_job,
@@ -136,10 +137,8 @@ async def _events(reply: ChatReply, job: Job) -> AsyncIterator[str]:
         if not is_event:
             break
         n_gen += event.token_id is not None
-        if not event.text and event.finish_reason is None and event.logprobs is None and not (
-            req.return_token_ids and event.token_id is not None
-        ):
-            continue  # held back (incomplete character or possible stop string); its id still goes out
+        if held_back(event, req.return_token_ids):
+            continue
         yield chunk(P.DeltaMessage(content=event.text) if event.text else P.DeltaMessage(), event)
     if include_usage:
         yield sse(P.ChatCompletionStreamResponse(

@@ -17,6 +17,7 @@ from fastgemma.server.generation import GenResult, Prepared, run_generation
 from fastgemma.server.handling import (
     check_model,
     context_check,
+    held_back,
     json_response,
     off_loop,
     run_job,
@@ -138,10 +139,8 @@ async def _stream(state: ServerState, request: Request, req: P.CompletionRequest
             if not is_event:
                 break
             n_gen += event.token_id is not None
-            if not event.text and event.finish_reason is None and event.logprobs is None and not (
-                req.return_token_ids and event.token_id is not None
-            ):
-                continue  # held back (incomplete character or possible stop string); its id still goes out
+            if held_back(event, req.return_token_ids):
+                continue
             choice = P.CompletionStreamChoice(
                 index=event.index,
                 text=event.text,
