@@ -162,7 +162,6 @@ class LLMEngine:
             seq.params.max_tokens - len(seq.output_token_ids) - 1,
             self.max_model_len - seq.num_tokens,
             self.runner.cache.max_decode_like_tokens - 1,
-            NATIVE_MAX_ROWS - 1,
         )
         if limit <= 0:
             return []

@@ -204,8 +204,8 @@ class ModelRunner:
         row_entry = [i for i, r in enumerate(batch) for _ in r.ids]  # [rows] the entry each row is of
         greedy = [j for j, i in enumerate(row_entry) if batch[i].greedy]
         sampled = [j for j, i in enumerate(row_entry) if not batch[i].greedy]
-        tokens = iter(self.model.greedy_tokens(hidden[greedy]) if greedy else [])
-        logits = self.model.compute_logits(hidden[sampled]) if sampled else None  # [len(sampled), V]
+        tokens = iter(self.model.greedy_tokens(hidden if not sampled else hidden[greedy]) if greedy else [])
+        logits = self.model.compute_logits(hidden if not greedy else hidden[sampled]) if sampled else None  # [len(sampled), V]
         out, start, done = [], 0, 0
         for r in batch:
             n = len(r.ids)

@@ -44,7 +44,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(max_num_seqs))  # cache slots not held by a sequence
-        self.lent: set[int] = set()  # slots lent out for scoring (`take_slot`)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -92,11 +91,8 @@ class Scheduler:
         with `give_slot`."""
         if not self.free_slots:
             return None
-        slot = self.free_slots.pop(0)
-        self.lent.add(slot)
-        return slot
+        return self.free_slots.pop(0)
 
     def give_slot(self, slot: int) -> None:
-        self.lent.remove(slot)
         self.free_slots.append(slot)
         self.free_slots.sort()

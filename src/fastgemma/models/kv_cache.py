@@ -316,10 +316,11 @@ def decode_metadata(rows: list[tuple[KVCache, int]]) -> AttentionMetadata:
     keys, so every row is bit for bit its sequence's one-token step (the module docstring's
     ring argument, per sequence: rows of one sequence must be consecutive positions)."""
     first = rows[0][0]
+    per_seq: dict[int, int] = {}  # rows of each sequence (by its cache)
     for cache, position in rows:
-        per_seq = sum(c is cache for c, _ in rows)
-        if per_seq > cache.max_decode_like_tokens:
-            raise ValueError(f"{per_seq} decode-like tokens of one sequence need {per_seq - 1} spare ring slots; "
+        per_seq[id(cache)] = n = per_seq.get(id(cache), 0) + 1
+        if n > cache.max_decode_like_tokens:
+            raise ValueError(f"{n} decode-like tokens of one sequence need {n - 1} spare ring slots; "
                              f"the cache has {cache.ring - cache.window}")
         if position >= cache.max_model_len:
             raise ValueError(f"sequence of {position + 1} tokens exceeds max_model_len={cache.max_model_len}")
