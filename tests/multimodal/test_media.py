@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import time
 import tracemalloc
 
@@ -66,30 +67,15 @@ def test_adjacent_placeholders_are_one_medium_each():
         _expand([B, T, T, E], T, B, E, [3], "image")
 
 
-_LARGEST_IMAGE = """
-import base64, io, resource
-from PIL import Image
-from transformers import Gemma4ImageProcessorPil
-from fastgemma.multimodal.media import MAX_IMAGE_PIXELS, decode_image
-w = 6000
-buf = io.BytesIO()
-Image.new("L", (w, MAX_IMAGE_PIXELS // w), 7).save(buf, format="PNG")
-url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-del buf
-processor = Gemma4ImageProcessorPil()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-out = processor([decode_image(url)], return_tensors="pt")
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
-"""
-
-
 def test_the_largest_accepted_image_stays_within_the_memory_budget():
     """README's budget: the largest image the limits accept (40 Mpx; grayscale, which costs the
-    most once widened to RGB) takes at most 640 MiB while it is decoded and preprocessed
-    (measured 502 MiB; 388 MiB for RGB). Peak resident memory of a fresh process."""
+    most once widened to RGB) takes at most 640 MiB while it is decoded and preprocessed.
+    Peak resident memory of a fresh process (benchmarks/request_memory.py)."""
     import subprocess
     import sys
+    from pathlib import Path
 
-    out = subprocess.run([sys.executable, "-c", _LARGEST_IMAGE], capture_output=True, text=True, timeout=300)
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "request_memory.py"
+    out = subprocess.run([sys.executable, str(script), "image-L"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.split()[-1]) < 640
+    assert 0 < json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"] < 640

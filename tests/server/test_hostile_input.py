@@ -130,25 +130,15 @@ def test_a_prompt_too_long_in_bytes_is_refused_before_tokenising(client, server,
     _still_serves(client)
 
 
-_LARGEST_BODY = """
-import json, resource
-from fastgemma.server import protocol as P
-from fastgemma.server.handling import MAX_BODY_BYTES
-body = ('{"prompt": [' + ",".join(["100000"] * (MAX_BODY_BYTES // 7 - 10)) + ']}').encode()
-assert len(body) <= MAX_BODY_BYTES
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-P.CompletionRequest.model_validate(json.loads(body))
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
-"""
-
-
 def test_the_largest_accepted_body_stays_within_the_memory_budget():
     """README's budget: a body just under the 64 MiB limit, all token ids (the most Python
-    objects per byte), takes at most 640 MiB to parse and validate (measured 441 MiB) before
-    the prompt is refused as too long. Peak resident memory of a fresh process."""
+    objects per byte), takes at most 640 MiB to parse and validate before the prompt is
+    refused as too long. Peak resident memory of a fresh process (benchmarks/request_memory.py)."""
     import subprocess
     import sys
+    from pathlib import Path
 
-    out = subprocess.run([sys.executable, "-c", _LARGEST_BODY], capture_output=True, text=True, timeout=300)
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "request_memory.py"
+    out = subprocess.run([sys.executable, str(script), "body"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.split()[-1]) < 640
+    assert 0 < json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"] < 640
