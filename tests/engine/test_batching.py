@@ -118,3 +118,22 @@ def test_the_fixed_shape_step_batches_exactly(tiny_gemma3):
     batched = engine(3)
     assert _run(batched, work) == alone
     assert sorted(batched.runner.static) == [0, 1, 2]  # each slot ran its own step
+
+
+@needs_native
+@pytest.mark.parametrize("path", ["fused bf16", "per-op fp32"])
+def test_a_growing_cache_gives_the_tokens_of_a_whole_one(tiny_e4b, path, monkeypatch):
+    """The pool's full layers start at 8 positions per slot and double while sequences run
+    (reallocated between forwards, the fused step's pointers taken again): every request's
+    tokens are the ones it gets with the cache allocated whole."""
+    from fastgemma.models import kv_cache
+
+    work = _workload(3)
+    whole = LLM(str(tiny_e4b), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=3, **PATHS[path])
+    assert whole.runner.pool.capacity == LEN
+    want = _run(whole.engine, work)
+    monkeypatch.setattr(kv_cache, "INITIAL_CAPACITY", 8)
+    grown = LLM(str(tiny_e4b), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=3, **PATHS[path])
+    assert grown.runner.pool.capacity == 8
+    assert _run(grown.engine, work) == want
+    assert grown.runner.pool.generation >= 3 and grown.runner.pool.capacity <= LEN

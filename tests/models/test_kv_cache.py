@@ -3,6 +3,7 @@ mask over a whole buffer marks exactly the slots holding the positions it may se
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fastgemma.models.kv_cache import KVCache
@@ -67,3 +68,29 @@ def test_a_pools_slots_are_views_of_one_allocation_and_copy_whole():
     pool.copy(1, 2)
     assert all(torch.equal(t[1], t[2]) for t in (*pool.k.values(), *pool.v.values()))
     assert pool.num_bytes == 3 * sum(t[0].numel() * 4 for t in (*pool.k.values(), *pool.v.values()))
+
+
+def test_a_pool_grows_its_full_layers_and_keeps_their_contents(monkeypatch):
+    """`reserve` doubles the full layers' positions per slot (up to max_model_len), copies what
+    they held and re-binds every slot's views; rings keep their size."""
+    from fastgemma.models import kv_cache
+
+    monkeypatch.setattr(kv_cache, "INITIAL_CAPACITY", 4)
+    spec = arch_spec_from_config(tiny_models.gemma4_e4b_like_config())
+    pool = kv_cache.KVCachePool(spec, 20, torch.float32, torch.device("cpu"), num_seqs=2)
+    full = next(i for i in pool.k if not spec.layers[i].is_sliding)
+    ring = next(i for i in pool.k if spec.layers[i].is_sliding)
+    ring_shape = tuple(pool.k[ring].shape)
+    assert pool.capacity == 4 and pool.k[full].shape[2] == 4 and pool.num_bytes == pool.bytes_at(4)
+    hkv, hd = pool.k[full].shape[1], pool.k[full].shape[3]
+    pool.seqs[1].write_row(full, torch.full((hkv, hd), 3.0), torch.full((hkv, hd), 4.0), position=3)
+    pool.seqs[1].metadata(3, 6)  # reaches position 8: 4 -> 8 -> 16
+    assert pool.capacity == 16 and pool.generation == 1 and pool.seqs[0].capacity == 16
+    assert tuple(pool.k[full].shape) == (2, hkv, 16, hd) and tuple(pool.k[ring].shape) == ring_shape
+    assert pool.seqs[1].k[full].data_ptr() == pool.k[full][1].data_ptr()
+    assert bool((pool.seqs[1].k[full][:, 3] == 3.0).all()) and bool((pool.seqs[1].v[full][:, 3] == 4.0).all())
+    assert pool.seqs[0].k[full].abs().sum() == 0
+    pool.seqs[0].metadata(19, 1)
+    assert pool.capacity == 20  # capped at max_model_len
+    with pytest.raises(ValueError, match="max_model_len=20"):
+        pool.seqs[0].metadata(20, 1)

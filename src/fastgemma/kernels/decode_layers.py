@@ -2,7 +2,7 @@
 
 `NativeDecodeLayers(model, cache)` lays out one `GemmaLayer` struct per layer — pointers to
 the layer's weights, norm scales and cache buffers (slot 0 of the cache's pool, and the
-stride between slots), fixed for the model's lifetime — and `run(h, ple, meta)` fills in the
+stride between slots; laid out again when the pool reallocates) — and `run(h, ple, meta)` fills in the
 per-step fields (RoPE rows, PLE rows, each row's position and cache slot) and runs every
 layer on the [T, D] hidden states in place. Rows may belong to different sequences
 (continuous batching) and one sequence may have several consecutive rows (a speculative
@@ -73,6 +73,7 @@ class NativeDecodeLayers:
         max_tokens: the most rows one `run` takes."""
         spec = model.spec
         self.pool = cache.pool  # None: a standalone cache, every row's slot 0
+        self.generation = 0 if self.pool is None else self.pool.generation  # the buffers laid out here
         base = cache if self.pool is None else self.pool.seqs[0]
         self.model, self.cache, self.spec, self.max_tokens = model, base, spec, max_tokens
         cache = base
@@ -112,8 +113,10 @@ class NativeDecodeLayers:
         self.types = [s.layer_type for s in spec.layers]
 
     def serves(self, cache) -> bool:
-        """Whether `cache`'s buffers are the ones laid out here."""
-        return cache is self.cache if self.pool is None else cache.pool is self.pool
+        """Whether `cache`'s buffers are the ones laid out here (not since reallocated)."""
+        if self.pool is None:
+            return cache is self.cache
+        return cache.pool is self.pool and self.pool.generation == self.generation
 
     def run(self, h: torch.Tensor, ple: torch.Tensor | None, meta) -> torch.Tensor:
         """h: [T, D] bf16, row t at meta.row_positions[t] of the sequence meta.row_caches[t]

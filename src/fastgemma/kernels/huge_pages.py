@@ -62,6 +62,15 @@ def pack(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor in huge pages (`torch.empty` where unavailable), to be
+    filled in place: no second copy of a large tensor ever exists."""
+    if not available():
+        return torch.empty(shape, dtype=dtype)
+    nbytes = max(1, torch.Size(shape).numel() * dtype.itemsize)
+    return _arena(nbytes).view(dtype).view(shape)
+
+
 def huge_pages(t: torch.Tensor) -> torch.Tensor:
     """A copy of `t` backed by huge pages, or `t` itself (see `pack`)."""
     return pack([t])[0]

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 from fastgemma.kernels import bf16_table, native, quant
-from fastgemma.kernels.huge_pages import huge_pages
+from fastgemma.kernels.huge_pages import empty as huge_pages_empty
 from fastgemma.kernels.linear import linear
 
 _U = 2.0**-24
@@ -56,21 +56,49 @@ def _output_table(finalize: Callable[[torch.Tensor], torch.Tensor]) -> torch.Ten
     return table
 
 
+_SLICE_ROWS = 4096  # rows of the lm_head quantised and bounded at a time
+
+
+@torch.no_grad()
+def _build(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, scales, coef) of the module docstring, row slice by row slice: the codes
+    straight into huge pages, the fp64 residuals of one slice at a time."""
+    V, K = weight.shape
+    qweight = huge_pages_empty((V, K), torch.int8)
+    scales = torch.empty(V, dtype=torch.float32)
+    coef = torch.empty(V, dtype=torch.float32)
+    g = (K + 2) * _U / (1 - (K + 2) * _U)
+    for a in range(0, V, _SLICE_ROWS):
+        b = min(a + _SLICE_ROWS, V)
+        q, s = quant.quantize(weight[a:b], quant.INT8)
+        qweight[a:b], scales[a:b] = q, s
+        w = weight[a:b].double()
+        residual = (w - q.double() * s.double()[:, None]).norm(dim=1)
+        c = (residual + 2 * g * (w.norm(dim=1) + residual)) * (1 + 2.0**-10)
+        coef[a:b] = torch.nextafter(c.float(), torch.tensor(math.inf))  # rounded up
+    return qweight, scales, coef
+
+
 class LmHeadScreen:
-    def __init__(self, weight: torch.Tensor, finalize: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        finalize: Callable[[torch.Tensor], torch.Tensor],
+        codes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ):
         """weight: [V, D] the full-precision lm_head (bf16 or fp32, CPU); finalize: the
         model's logits post-processing on model-dtype logits (softcap or identity), which
         for bf16 must depend on each value only (it is tabulated and checked monotone here);
-        for fp32 it must be the identity (ValueError otherwise)."""
+        for fp32 it must be the identity (ValueError otherwise). `codes`: (qweight, scales,
+        coef) as `codes()` returned them for this weight (a cached build), else built here
+        a slice of rows at a time (no full-size fp32 / fp64 copy of the weight)."""
         self.weight, self.finalize = weight, finalize
-        self.qweight, self.scales = quant.quantize(weight, quant.INT8)
-        self.qweight = huge_pages(self.qweight)  # streamed every greedy step
         V, K = weight.shape
-        w = weight.double()
-        residual = (w - self.qweight.double() * self.scales.double()[:, None]).norm(dim=1)
-        g = (K + 2) * _U / (1 - (K + 2) * _U)
-        coef = (residual + 2 * g * (w.norm(dim=1) + residual)) * (1 + 2.0**-10)
-        self.coef = torch.nextafter(coef.float(), torch.tensor(math.inf))  # rounded up  [V]
+        if codes is None:
+            codes = _build(weight)
+        self.qweight, self.scales, self.coef = codes  # qweight streamed every greedy step: in huge pages
+        if tuple(self.qweight.shape) != (V, K) or self.scales.shape != (V,) or self.coef.shape != (V,):
+            raise ValueError(f"lm_head screen codes {tuple(self.qweight.shape)} do not fit a {V}x{K} lm_head")
         self.approx = torch.empty(0, V, dtype=torch.float32)  # [rows, V], grown on demand
         self.err = torch.empty(V, dtype=torch.float32)
         self.ids = torch.empty(V, dtype=torch.int64)
@@ -80,6 +108,10 @@ class LmHeadScreen:
         if self.table is None and not torch.equal(finalize(probe), probe):
             raise ValueError("the lm_head screen needs fp32 logits without post-processing")
         self.last_candidates = 0  # rows recomputed in full precision by the last call
+
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qweight int8 [V, D], scales fp32 [V], coef fp32 [V]): what a cached build restores."""
+        return self.qweight, self.scales, self.coef
 
     def nbytes(self) -> int:
         return self.qweight.numel() + 4 * (self.scales.numel() + self.coef.numel())

@@ -40,7 +40,7 @@ from fastgemma.kernels.linear import NATIVE_MAX_ROWS, Linear, linear
 from fastgemma.kernels.lm_head_screen import LmHeadScreen
 from fastgemma.models.attention import KV, Attention
 from fastgemma.models.kv_cache import AttentionMetadata, KVCache
-from fastgemma.models.layers import RMSNorm, rope_table
+from fastgemma.models.layers import ROPE_BLOCK, RMSNorm, rope_table
 from fastgemma.models.spec import ArchSpec
 
 
@@ -115,19 +115,32 @@ class GemmaForCausalLM(nn.Module):
             self.embed_tokens_per_layer = nn.Embedding(spec.vocab_size_per_layer_input, L * P)
             self.per_layer_model_projection = Linear(D, L * P, native)
             self.per_layer_projection_norm = RMSNorm(P, spec.rms_norm_eps, use_rsqrt=False, native=native)
-        # RoPE tables per layer type (fp32), sliced by position and cast at use.
-        self.rope_cos, self.rope_sin = {}, {}
-        for layer in spec.layers:
-            if layer.layer_type not in self.rope_cos:
-                cos, sin = rope_table(spec.rope[layer.layer_type], layer.head_dim, max_model_len)
-                self.rope_cos[layer.layer_type], self.rope_sin[layer.layer_type] = cos, sin
+        # RoPE tables per layer type (fp32), sliced by position and cast at use; positions
+        # 0..rope_len-1, grown with the positions a forward reaches (whole off the CPU).
+        self.max_model_len, self.rope_len = max_model_len, 0
+        self.rope_cos: dict[str, torch.Tensor] = {}
+        self.rope_sin: dict[str, torch.Tensor] = {}
+        self.reserve_positions(min(max_model_len, ROPE_BLOCK))
         # Layers whose K/V a later (shared) layer reads in the same forward.
         self.kv_sources = {layer.kv_source for layer in spec.layers if layer.kv_shared}
+
+    def reserve_positions(self, n: int) -> None:
+        """RoPE tables for positions 0..n-1 at least (grown a `ROPE_BLOCK` at a time)."""
+        if n <= self.rope_len:
+            return
+        n = min(self.max_model_len, -(-n // ROPE_BLOCK) * ROPE_BLOCK)
+        device = next(iter(self.rope_cos.values())).device if self.rope_cos else torch.device("cpu")
+        for kind, layer in {layer.layer_type: layer for layer in self.spec.layers}.items():
+            cos, sin = rope_table(self.spec.rope[kind], layer.head_dim, n)
+            self.rope_cos[kind], self.rope_sin[kind] = cos.to(device), sin.to(device)
+        self.rope_len = n
 
     def to_device(self, device: torch.device) -> GemmaForCausalLM:
         self.to(device)
         self.rope_cos = {k: v.to(device) for k, v in self.rope_cos.items()}
         self.rope_sin = {k: v.to(device) for k, v in self.rope_sin.items()}
+        if device.type != "cpu":  # fixed-shape steps index the tables on the device, by device positions
+            self.reserve_positions(self.max_model_len)
         return self
 
     fused_decode = False  # bf16 CPU decode: all layers in one native call (kernels/decode_layers.py)
@@ -210,6 +223,7 @@ class GemmaForCausalLM(nn.Module):
         keep: torch.Tensor | None = None,  # [K] chunk indices whose hidden states are returned; None = all
     ) -> torch.Tensor:
         ple = self.per_layer_inputs(embeds, ple_ids) if self.spec.per_layer_input_size else None
+        self.reserve_positions(max(meta.end, max(meta.row_positions) + 1 if meta.row_positions else 0))
         if self.fused_decode and meta.decode_like:
             first = meta.row_caches[0]
             if self._decode_layers is None or not self._decode_layers.serves(first):

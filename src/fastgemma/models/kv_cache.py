@@ -1,4 +1,4 @@
-"""The static KV cache: allocated once, written in place, never resized.
+"""The static KV cache: slots per sequence, written in place.
 
 Owns the K/V buffers of every layer that computes its own K/V, and the masks that say which
 cached slots a query may see. It does not own the projections or the attention maths. It
@@ -12,10 +12,16 @@ Gemma layers are sliding rings, which are per sequence whatever the layout (a ri
 overwritten as the sequence advances), and the full layers are the rest; a shared prompt
 prefix (n > 1, prefix caching) is then a copy of the prefix's slots into another slot
 (`KVCachePool.copy`), a bandwidth-bound copy far cheaper than the prefill it saves, giving the
-same bits as computing it. What paging would save is the full layers' unused tail per slot.
+same bits as computing it. What paging would save is the full layers' unused tail per slot; instead a pool sizes the
+full layers to what is used: `capacity` positions per slot, starting at `INITIAL_CAPACITY`
+and doubled (up to max_model_len) when a chunk or row would reach past it — the buffers are
+reallocated with the old contents copied, between forwards (`KVCachePool.reserve`, called
+by `metadata` / `decode_metadata`); `generation` counts the reallocations, so that whoever
+keeps buffer addresses (kernels/decode_layers.py) knows to take them again. A pool for
+fixed-shape steps (scratch slot: CUDA graphs keep addresses) is allocated whole.
 
 Layout of one sequence's cache (`KVCache`; no batch dimension):
-- full layers: `[Hkv, max_model_len, hd]`, slot = position;
+- full layers: `[Hkv, capacity, hd]`, slot = position;
 - sliding layers: a ring `[Hkv, R, hd]` with R = W + spare slots (W = sliding_window; spare
   = the most speculative tokens a step verifies, else 0), slot = position mod R.
   After positions 0..end-1 are written, slot s holds position
@@ -99,8 +105,10 @@ class KVCache:
         scratch_slot: bool = False,  # one never-visible slot past each buffer's end (in-place steps)
         buffers: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]] | None = None,  # a pool's views
         index: int = 0,  # the slot of a pool this cache is
+        capacity: int | None = None,  # full layers' slots (default max_model_len; a pool's grow)
     ):
         self.spec, self.max_model_len = spec, max_model_len
+        self.capacity = max_model_len if capacity is None else capacity
         self.window = spec.sliding_window
         self.ring = min(self.window + spare_ring_slots, max_model_len)  # R: slots of a sliding layer
         self.scratch_slot, self.index = scratch_slot, index
@@ -124,8 +132,8 @@ class KVCache:
         return shapes
 
     def slots(self, sliding: bool) -> int:
-        """Position slots of a layer's buffer (R or max_model_len; the scratch slot not counted)."""
-        return self.ring if sliding else self.max_model_len
+        """Position slots of a layer's buffer (R or capacity; the scratch slot not counted)."""
+        return self.ring if sliding else self.capacity
 
     @property
     def num_bytes(self) -> int:
@@ -165,10 +173,17 @@ class KVCache:
         idx = torch.remainder(torch.arange(first, position, device=ck.device), self.ring)
         return ck[:, idx], cv[:, idx]
 
+    def reserve(self, positions: int) -> None:
+        """Full layers hold positions 0..positions-1 (a pool grows; a lone cache is whole)."""
+        if positions > self.max_model_len:
+            raise ValueError(f"sequence of {positions} tokens exceeds max_model_len={self.max_model_len}")
+        if positions > self.capacity:
+            assert self.pool is not None, "a standalone cache is allocated whole"
+            self.pool.reserve(positions)
+
     def metadata(self, start: int, num_tokens: int, decode_like: bool | None = None) -> AttentionMetadata:
         end = start + num_tokens
-        if end > self.max_model_len:
-            raise ValueError(f"sequence of {end} tokens exceeds max_model_len={self.max_model_len}")
+        self.reserve(end)
         q = torch.arange(start, end, device=self.device)  # [T]
         layer_types = {layer.layer_type for layer in self.spec.layers}
         masks: dict[str, torch.Tensor | None] = {}
@@ -271,10 +286,15 @@ class KVCache:
         return keys, values
 
 
+INITIAL_CAPACITY = 1024  # full-layer positions per slot a growable pool starts with
+
+
 class KVCachePool:
     """`num_seqs` sequence caches in one allocation (module docstring): buffers
     `[num_seqs, Hkv, slots, hd]`; `seqs[i]` is slot i's `KVCache`. Slots are handed out and
-    taken back by the engine's scheduler; the pool only holds the memory."""
+    taken back by the engine's scheduler; the pool only holds the memory. Full layers start
+    at `INITIAL_CAPACITY` positions per slot and grow (`reserve`), unless `scratch_slot`
+    (fixed-shape steps keep addresses) or `grow=False`."""
 
     def __init__(
         self,
@@ -285,23 +305,60 @@ class KVCachePool:
         num_seqs: int = 1,
         spare_ring_slots: int = 0,
         scratch_slot: bool = False,
+        grow: bool = True,
     ):
         assert num_seqs >= 1, num_seqs
-        self.num_seqs, self.device = num_seqs, device
-        shapes = KVCache(spec, max_model_len, dtype, device, spare_ring_slots, scratch_slot, buffers=({}, {})).buffer_shapes()
-        self.k = {i: torch.zeros((num_seqs, *shape), dtype=dtype, device=device) for i, shape in shapes.items()}
-        self.v = {i: torch.zeros((num_seqs, *shape), dtype=dtype, device=device) for i, shape in shapes.items()}
+        self.spec, self.max_model_len, self.num_seqs, self.device = spec, max_model_len, num_seqs, device
+        self.growable = grow and not scratch_slot
+        self.capacity = min(max_model_len, INITIAL_CAPACITY) if self.growable else max_model_len
+        self.generation = 0  # reallocations so far
         self.seqs = [
-            KVCache(spec, max_model_len, dtype, device, spare_ring_slots, scratch_slot,
-                    buffers=({i: t[s] for i, t in self.k.items()}, {i: t[s] for i, t in self.v.items()}), index=s)
+            KVCache(spec, max_model_len, dtype, device, spare_ring_slots, scratch_slot, buffers=({}, {}), index=s,
+                    capacity=self.capacity)
             for s in range(num_seqs)
         ]
-        for seq in self.seqs:
-            seq.pool = self
+        shapes = self.seqs[0].buffer_shapes()
+        self.k = {i: torch.zeros((num_seqs, *shape), dtype=dtype, device=device) for i, shape in shapes.items()}
+        self.v = {i: torch.zeros((num_seqs, *shape), dtype=dtype, device=device) for i, shape in shapes.items()}
+        self._bind()
+
+    def _bind(self) -> None:
+        for s, seq in enumerate(self.seqs):
+            seq.pool, seq.capacity = self, self.capacity
+            seq.k.update({i: t[s] for i, t in self.k.items()})
+            seq.v.update({i: t[s] for i, t in self.v.items()})
+
+    def reserve(self, positions: int) -> None:
+        """Full layers hold at least `positions` per slot: the capacity doubles (up to
+        max_model_len) until they do, the buffers reallocated with their contents."""
+        if positions <= self.capacity:
+            return
+        assert self.growable and positions <= self.max_model_len, (positions, self.capacity, self.max_model_len)
+        capacity = self.capacity
+        while capacity < positions:
+            capacity = min(2 * capacity, self.max_model_len)
+        for buffers in (self.k, self.v):
+            for i, old in buffers.items():
+                if self.spec.layers[i].is_sliding:
+                    continue  # a ring: its size never depends on the capacity
+                new = torch.zeros((old.shape[0], old.shape[1], capacity, old.shape[3]), dtype=old.dtype, device=old.device)
+                new[:, :, : old.shape[2]] = old
+                buffers[i] = new
+        self.capacity, self.generation = capacity, self.generation + 1
+        self._bind()
 
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in [*self.k.values(), *self.v.values()])
+
+    def bytes_at(self, capacity: int) -> int:
+        """The pool's bytes with `capacity` full-layer positions per slot."""
+        total = 0
+        for buffers in (self.k, self.v):
+            for i, t in buffers.items():
+                slots = t.shape[2] if self.spec.layers[i].is_sliding else capacity
+                total += t[:, :, :1].numel() * slots * t.element_size()
+        return total
 
     def copy(self, src: int, dst: int) -> None:
         """Slot dst's K/V := slot src's (a forked sequence: the same bits as recomputing them)."""
@@ -322,8 +379,7 @@ def decode_metadata(rows: list[tuple[KVCache, int]]) -> AttentionMetadata:
         if n > cache.max_decode_like_tokens:
             raise ValueError(f"{n} decode-like tokens of one sequence need {n - 1} spare ring slots; "
                              f"the cache has {cache.ring - cache.window}")
-        if position >= cache.max_model_len:
-            raise ValueError(f"sequence of {position + 1} tokens exceeds max_model_len={cache.max_model_len}")
+        cache.reserve(position + 1)
     positions = [p for _, p in rows]
     q = torch.tensor(positions, device=first.device)
     layer_types = {layer.layer_type for layer in first.spec.layers}

@@ -57,12 +57,22 @@ def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     return inv / rope.factor
 
 
+ROPE_BLOCK = 4096  # positions computed per op: a table's rows do not depend on its length
+
+
 def rope_table(rope: RopeSpec, head_dim: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_len, head_dim] fp32, duplicated halves (rotate_half convention)."""
+    """cos, sin: [max_len, head_dim] fp32, duplicated halves (rotate_half convention).
+    Computed in blocks of `ROPE_BLOCK` positions, each the same ops on the same shapes, so a
+    longer table (grown later) has the same bits in the rows a shorter one had."""
     inv = rope_inv_freq(rope, head_dim)  # [hd/2]
-    freqs = torch.arange(max_len, dtype=torch.int64, device="cpu").float()[:, None] * inv[None, :]  # [S, hd/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [S, hd]
-    return emb.cos(), emb.sin()
+    cos, sin = [], []
+    for a in range(0, max_len, ROPE_BLOCK):
+        pos = torch.arange(a, a + ROPE_BLOCK, dtype=torch.int64, device="cpu").float()
+        freqs = pos[:, None] * inv[None, :]  # [B, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [B, hd]
+        cos.append(emb.cos())
+        sin.append(emb.sin())
+    return torch.cat(cos)[:max_len], torch.cat(sin)[:max_len]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ Owns no preprocessing (multimodal/processor.py) and no decoder.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +142,7 @@ def _check_count(kind: str, produced: int, placeholders: int) -> None:
 
 
 def load_towers(
-    hf_config: Any, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+    hf_config: Any, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype, device: torch.device
 ) -> MultimodalTowers | None:
     """The towers of a multimodal checkpoint (None when its config has neither), from
     `tensors` keyed by tower names (`vision_tower.…`, `embed_vision.…`, ...)."""
@@ -160,4 +161,4 @@ def load_towers(
             raise ValueError(f"tensor {key} has shape {tuple(value.shape)}, the config implies {tuple(want.shape)}")
         state[key] = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
     towers.load_state_dict(state, strict=True, assign=True)
-    return towers.to(device).eval()
+    return towers.requires_grad_(False).to(device).eval()

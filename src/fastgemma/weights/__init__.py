@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastgemma.config import EngineConfig
+from fastgemma.memory import release_free_memory
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec, arch_spec_from_config
 from fastgemma.models.towers import MultimodalTowers, load_towers
@@ -19,9 +20,9 @@ from fastgemma.tokenizer import Tokenizer
 from fastgemma.weights.checkpoint import (
     generation_eos_ids,
     gguf_meta_folder,
-    iter_tensors,
-    iter_tower_tensors,
     load_config,
+    open_tensors,
+    tower_name,
 )
 from fastgemma.weights.loader import load_model
 from fastgemma.weights.quantize import checkpoint_scheme
@@ -51,15 +52,16 @@ def load(config: EngineConfig) -> LoadedModel:
         raise ValueError(
             f"{source.name} is already quantised as {stored.name}; drop --quantization or pass the original model"
         )
-    tensors = dict(iter_tensors(source))
+    tensors = open_tensors(source)
     model = load_model(
         spec, tensors, config.torch_dtype(), config.torch_device(), max_model_len, stored,
         quantize_to=None if stored is not None else wanted, kernels=config.kernel_choice(),
     )
-    del tensors
+    tensors.close()
     towers = None
     if getattr(hf_config, "model_type", None) == "gemma4":  # Gemma 3's vision tower is not wired in
-        towers = load_towers(hf_config, dict(iter_tower_tensors(source)), config.torch_dtype(), config.torch_device())
+        towers = load_towers(hf_config, open_tensors(source, tower_name), config.torch_dtype(), config.torch_device())
+    release_free_memory()
     scheme = stored or wanted
     folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
     return LoadedModel(

@@ -18,7 +18,7 @@ import torch
 from fastgemma.kernels import KernelChoice
 from fastgemma.models.assistant import AssistantSpec, Gemma4Assistant
 from fastgemma.models.spec import ArchSpec, arch_spec_from_config
-from fastgemma.weights.checkpoint import iter_tensors
+from fastgemma.weights.checkpoint import open_tensors
 from fastgemma.weights.loader import check_present, fill_state, required_tensors
 from fastgemma.weights.source import resolve_model
 
@@ -69,7 +69,7 @@ def load_assistant(
     if spec.num_centroids is not None:
         required["centroids.weight"] = ["masked_embedding.centroids.weight"]
         required["token_ordering"] = ["masked_embedding.token_ordering"]
-    tensors = dict(iter_tensors(source))
+    tensors = open_tensors(source)
     check_present(required, tensors, "the draft model")
     with torch.device("meta"):
         model = Gemma4Assistant(spec, max_model_len, kernels)
@@ -77,4 +77,4 @@ def load_assistant(
     unset = set(model.state_dict()) - set(state)
     assert not unset, f"assistant loader does not fill {sorted(unset)}"
     model.load_state_dict(state, assign=True)
-    return model.to_device(device).eval()
+    return model.requires_grad_(False).to_device(device).eval()

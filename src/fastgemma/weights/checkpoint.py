@@ -4,23 +4,29 @@
   sharded `model.safetensors.index.json`. Prefixes of the multimodal / causal-LM wrappers
   (`model.language_model.`, `language_model.model.`, `model.`) are stripped, so every source
   yields `embed_tokens.weight`, `layers.N.self_attn.q_proj.weight`, ..., `lm_head.weight`.
-  Tensors of the vision / audio towers are skipped by `iter_tensors` and read by
-  `iter_tower_tensors`, named from the tower (`vision_tower.…`, `embed_audio.…`).
+  Tensors of the vision / audio towers are skipped by `open_tensors(source)` and read by
+  `open_tensors(source, tower_name)`, named from the tower (`vision_tower.…`, `embed_audio.…`).
 - GGUF (architecture gemma3): tensors dequantised to fp32 with `gguf`, renamed from
   llama.cpp's names, and norm weights minus 1 (llama.cpp stores Gemma's (1 + w)). The config
   and tokenizer are converted by transformers once and cached beside the file's cache entry.
+
+Tensors are read lazily (`CheckpointTensors`): the files are memory-mapped, and a tensor is
+read (GGUF: dequantised) when asked, in slices of rows converted straight into the dtype the
+caller wants, so that loading holds the final weights plus one slice, never a whole fp32 copy.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fastgemma.models.spec import SUPPORTED_MODEL_TYPES
@@ -142,23 +148,80 @@ def generation_eos_ids(source: ModelSource) -> list[int]:
     return ids
 
 
-def iter_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
-    """(decoder name, tensor) for every text-decoder tensor of the checkpoint."""
+class CheckpointTensors(Mapping[str, torch.Tensor]):
+    """A checkpoint's tensors by name, read only when asked: `tensors[name]` reads one whole
+    (its stored dtype; fp32 for a GGUF), `read(name, dtype, out)` converts it slice by slice
+    of rows into `out` (or a new tensor), so that no full-size intermediate of another dtype
+    exists; `rows(name, a, b)` reads rows a..b. The files stay open (mapped) until `close()`."""
+
+    def __init__(
+        self,
+        shapes: dict[str, tuple[int, ...]],
+        dtypes: dict[str, torch.dtype],
+        read_rows: Callable[[str, int, int], torch.Tensor],
+        close: Callable[[], None] = lambda: None,
+    ):
+        self._shapes, self._dtypes, self._read_rows, self.close = shapes, dtypes, read_rows, close
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._shapes:
+            raise KeyError(name)
+        return self.read(name, self._dtypes[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def rows(self, name: str, a: int, b: int) -> torch.Tensor:
+        return self._read_rows(name, a, b)
+
+    def read(self, name: str, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+        shape = self.shape(name)
+        if out is None:
+            out = torch.empty(shape, dtype=dtype)
+        if not shape:
+            return out.copy_(self.rows(name, 0, 1))
+        step = max(1, _SLICE_ELEMENTS // max(1, math.prod(shape[1:])))
+        for a in range(0, shape[0], step):
+            b = min(a + step, shape[0])
+            out[a:b].copy_(self.rows(name, a, b))
+        return out
+
+
+_SLICE_ELEMENTS = 1 << 22  # rows converted at a time: a 16 MiB fp32 intermediate at most
+
+
+def open_tensors(source: ModelSource, rename: Callable[[str], str | None] = text_name) -> CheckpointTensors:
+    """The text decoder's tensors (decoder names), or with `rename=tower_name` the towers'."""
     if source.kind == "gguf":
-        yield from _iter_gguf(source.path)
-    else:
-        yield from _iter_safetensors(source.path)
+        return _open_gguf(source.path) if rename is text_name else CheckpointTensors({}, {}, _no_rows)
+    return _open_safetensors(source.path, rename)
+
+
+def iter_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
+    """(decoder name, tensor) for every text-decoder tensor of the checkpoint, one at a time."""
+    tensors = open_tensors(source)
+    for name in tensors:
+        yield name, tensors[name]
 
 
 def iter_tower_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
     """(tower name, tensor) for every vision / audio tower tensor (none for a GGUF)."""
-    if source.kind != "gguf":
-        yield from _iter_safetensors(source.path, tower_name)
+    tensors = open_tensors(source, tower_name)
+    for name in tensors:
+        yield name, tensors[name]
 
 
-def _iter_safetensors(
-    folder: Path, rename: Callable[[str], str | None] = text_name
-) -> Iterator[tuple[str, torch.Tensor]]:
+def _no_rows(name: str, a: int, b: int) -> torch.Tensor:
+    raise KeyError(name)
+
+
+def _open_safetensors(folder: Path, rename: Callable[[str], str | None]) -> CheckpointTensors:
     from safetensors import safe_open
 
     index = folder / "model.safetensors.index.json"
@@ -170,20 +233,43 @@ def _iter_safetensors(
         files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} has no .safetensors weights (pytorch .bin checkpoints are not supported)")
-    for file in files:
-        with safe_open(folder / file, framework="pt") as f:
-            for name in f.keys():
-                if (mapped := rename(name)) is not None:
-                    yield mapped, f.get_tensor(name)
+    handles = [safe_open(folder / file, framework="pt") for file in files]
+    where: dict[str, tuple[Any, str]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for f in handles:
+        for name in f.keys():
+            if (mapped := rename(name)) is not None:
+                where[mapped] = (f, name)
+                info = f.get_slice(name)
+                shapes[mapped], dtypes[mapped] = tuple(info.get_shape()), _SAFETENSORS_DTYPES[info.get_dtype()]
+
+    def read_rows(name: str, a: int, b: int) -> torch.Tensor:
+        f, stored = where[name]
+        if not shapes[name]:
+            return f.get_tensor(stored)
+        return f.get_slice(stored)[a:b]
+
+    return CheckpointTensors(shapes, dtypes, read_rows, handles.clear)
 
 
-def _iter_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _open_gguf(path: Path) -> CheckpointTensors:
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf.GGUFReader(str(path))  # the file memory-mapped; tensors are views of it
     arch = reader.fields["general.architecture"].contents()
     if arch != "gemma3":
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; fastgemma reads gemma3 GGUFs")
+    found: dict[str, Any] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    norms: set[str] = set()
     for t in reader.tensors:
         m = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.weight", t.name)
         if m is None or m.group(2) not in _GGUF_NAMES:
@@ -192,8 +278,17 @@ def _iter_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         name = _GGUF_NAMES[base] + ".weight"
         if layer is not None:
             name = f"layers.{layer}.{name}"
-        array = gguf.quants.dequantize(t.data, t.tensor_type)  # numpy fp32, [out, in] for matrices
-        tensor = torch.from_numpy(array.copy())
+        found[name] = t
         if base.endswith("norm"):
+            norms.add(name)
+        shapes[name] = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dimensions innermost first
+
+    def read_rows(name: str, a: int, b: int) -> torch.Tensor:
+        t = found[name]
+        array = gguf.quants.dequantize(t.data[a:b], t.tensor_type)  # [rows, in] for matrices
+        tensor = torch.from_numpy(np.array(array, dtype=np.float32))  # own memory: the file is read-only
+        if name in norms:
             tensor = tensor - 1.0  # llama.cpp stores Gemma norms as 1 + w
-        yield name, tensor
+        return tensor
+
+    return CheckpointTensors(shapes, dict.fromkeys(shapes, torch.float32), read_rows, found.clear)

@@ -11,12 +11,15 @@ linears' `weight`: they are concatenated the same way and loaded into quantised 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from fastgemma.kernels import KernelChoice, quant
 from fastgemma.kernels.quant import QuantScheme
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec
+from fastgemma.weights.checkpoint import CheckpointTensors
 from fastgemma.weights.quantize import is_quantized_linear
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -57,7 +60,7 @@ def required_tensors(spec: ArchSpec) -> dict[str, list[str]]:
 
 def load_model(
     spec: ArchSpec,
-    tensors: dict[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
     dtype: torch.dtype,
     device: torch.device,
     max_model_len: int,
@@ -85,10 +88,8 @@ def load_model(
             qweight = torch.cat([tensors[n] for n in required[base + ".qweight"]], dim=0)
             scales = torch.cat([tensors[n].float() for n in required[base + ".scales"]], dim=0)
             _check_codes(base, module, stored, qweight, scales)
-        else:  # per-row schemes: quantising the fused matrix = quantising its parts
-            weight = torch.cat([tensors[n] for n in required[base + ".weight"]], dim=0)
-            qweight, scales = quant.quantize(weight, quant.scheme_for(quantize_to, weight.shape[1]))
-            del required[base + ".weight"]
+        else:  # per-row schemes: quantising the fused matrix = quantising its parts' row slices
+            qweight, scales = _quantize_rows(tensors, required.pop(base + ".weight"), quantize_to)
         codes[base + ".qweight"], codes[base + ".scales"] = qweight, scales
         module.quantize_(scheme, (qweight, scales), dtype=dtype)
     state = {key: value.to(device) for key, value in codes.items()}
@@ -96,10 +97,12 @@ def load_model(
     unset = set(model.state_dict()) - set(state)
     assert not unset, f"loader does not fill {sorted(unset)}"
     model.load_state_dict(state, assign=True)
+    del state, codes  # the model holds them now; build_kernels re-lays the layers out
+    model.requires_grad_(False)  # inference only: no autograd graph may hold intermediates of loading
     return model.to_device(device).eval().build_kernels()
 
 
-def check_present(required: dict[str, list[str]], tensors: dict[str, torch.Tensor], what: str) -> None:
+def check_present(required: dict[str, list[str]], tensors: Mapping[str, torch.Tensor], what: str) -> None:
     """A ValueError naming the checkpoint tensors `required` lists that `tensors` lacks."""
     missing = sorted({n for names in required.values() for n in names if n not in tensors})
     if missing:
@@ -110,7 +113,7 @@ def check_present(required: dict[str, list[str]], tensors: dict[str, torch.Tenso
 def fill_state(
     model: torch.nn.Module,
     required: dict[str, list[str]],
-    tensors: dict[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
     spec: ArchSpec,
     dtype: torch.dtype,
     device: torch.device,
@@ -121,21 +124,60 @@ def fill_state(
     expected = model.state_dict()
     state: dict[str, torch.Tensor] = {}
     for key, names in required.items():
-        parts = [tensors[n] for n in names]
         if key.endswith(".scale"):
-            value = parts[0].to(dtype).float() + spec.norm_offset
+            value = tensors[names[0]].to(dtype).float() + spec.norm_offset
         elif key.endswith("layer_scalar"):
-            value = parts[0].to(dtype).reshape(1)
-        elif not parts[0].is_floating_point():  # index buffers (the assistant's token ordering)
-            value = parts[0]
+            value = tensors[names[0]].to(dtype).reshape(1)
+        elif not expected[key].is_floating_point():  # index buffers (the assistant's token ordering)
+            value = tensors[names[0]]
         else:
-            value = (torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]).to(dtype)
+            value = read_rows_into(tensors, names, dtype)
         if value.shape != expected[key].shape:
             raise ValueError(
                 f"tensor {names} has shape {tuple(value.shape)}, the config implies {tuple(expected[key].shape)}"
             )
         state[key] = value.to(device)
     return state
+
+
+def read_rows_into(tensors: Mapping[str, torch.Tensor], names: list[str], dtype: torch.dtype) -> torch.Tensor:
+    """The named tensors concatenated along rows, in `dtype`, read straight into one new tensor
+    (slice by slice when `tensors` is a lazy `CheckpointTensors`)."""
+    shapes = [_shape(tensors, n) for n in names]
+    out = torch.empty((sum(s[0] for s in shapes), *shapes[0][1:]) if shapes[0] else (), dtype=dtype)
+    row = 0
+    for name, shape in zip(names, shapes):
+        part = out[row : row + shape[0]] if shape else out
+        if shape[1:] != shapes[0][1:]:
+            raise ValueError(f"tensors {names} cannot be concatenated: shapes {shapes}")
+        if isinstance(tensors, CheckpointTensors):
+            tensors.read(name, dtype, part)
+        else:
+            part.copy_(tensors[name])
+        row += shape[0] if shape else 0
+    return out
+
+
+def _shape(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    return tensors.shape(name) if isinstance(tensors, CheckpointTensors) else tuple(tensors[name].shape)
+
+
+def _quantize_rows(
+    tensors: Mapping[str, torch.Tensor], names: list[str], scheme: QuantScheme
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales of the named matrices concatenated along rows, quantised a slice of
+    rows at a time from the stored weights (the schemes are per row: the same codes)."""
+    codes, scales = [], []
+    for name in names:
+        rows, K = _shape(tensors, name)
+        s = quant.scheme_for(scheme, K)
+        step = max(1, (1 << 22) // K)
+        for a in range(0, rows, step):
+            w = tensors.rows(name, a, min(a + step, rows)) if isinstance(tensors, CheckpointTensors) else tensors[name][a : a + step]
+            q, sc = quant.quantize(w, s)
+            codes.append(q)
+            scales.append(sc)
+    return torch.cat(codes), torch.cat(scales)
 
 
 def _is_quantized(required: dict[str, list[str]], key: str) -> bool:
