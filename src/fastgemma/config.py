@@ -24,15 +24,16 @@ import functools
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fastgemma.kernels import KernelChoice, native
 from fastgemma.kernels.cpu import cpu_has_fast_bf16, physical_cores
-from fastgemma.kernels.quant import SCHEMES, QuantScheme
+from fastgemma.kernels.schemes import SCHEMES, QuantScheme
 
-DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}  # -> torch's
 DEFAULT_MAX_MODEL_LEN_CAP = 32768  # without --max-model-len: min(model maximum, this)
 SPECULATIVE_METHODS = ("none", "ngram", "mtp")
 MAX_SPECULATIVE_TOKENS = 15  # a verification's K + 1 rows stay within the row-invariant GEMVs' 16
@@ -190,6 +191,8 @@ class EngineConfig:
                 f"need prompt_lookup_min <= prompt_lookup_max (got {self.prompt_lookup_min} > {self.prompt_lookup_max})"
             )
         if self.device is not None:
+            import torch
+
             try:
                 dev = torch.device(self.device)
             except RuntimeError as e:
@@ -236,6 +239,8 @@ class EngineConfig:
         return QuantScheme.parse(self.quantization)
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device is not None:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -244,9 +249,11 @@ class EngineConfig:
         """auto: bf16 on CUDA, on CPUs with native bf16 maths, and where fastgemma's own CPU
         kernels run (they read bf16 weights, half the bytes, and widen them exactly to fp32);
         fp32 where only torch's stock CPU kernels are left (slow in bf16 without hardware)."""
+        import torch
+
         explicit = DTYPES[self.dtype]
         if explicit is not None:
-            return explicit
+            return getattr(torch, explicit)
         if self.torch_device().type == "cuda" or cpu_has_fast_bf16():
             return torch.bfloat16
         if self.kernels == "auto" and native.load() is not None:

@@ -70,6 +70,8 @@ def test_generate_on_embedded_model():
 
 
 @pytest.mark.slow
-def test_prompt_longer_than_max_model_len():
-    result = _run("generate", "--max-model-len", "4", "one two three four five six seven")
-    _assert_usage_error(result, "max_model_len")
+@pytest.mark.parametrize("max_tokens", ["1", "100"])
+def test_prompt_plus_max_tokens_over_max_model_len_is_refused(max_tokens):
+    """As the server refuses it (vLLM's words), not cut short to a token and exit 0."""
+    result = _run("generate", "--max-model-len", "8", "--max-tokens", max_tokens, "one two three four five six seven")
+    _assert_usage_error(result, "maximum context length is 8 tokens", "in the completion")

@@ -44,15 +44,18 @@ def generate(
     options: dict[str, Any] | None = None,
 ) -> None:
     """Stream a completion of PROMPT to stdout."""
-    from fastgemma import LLM, SamplingParams
+    from fastgemma.engine.sampling_params import SamplingParams
 
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        config = EngineConfig(model=model, **(options or {}))
+        config = EngineConfig(model=model, **(options or {}))  # usage errors end here, before torch loads
+        from fastgemma import LLM
+
         if config.torch_device().type == "cpu":
             set_cpu_threads(config.cpu_threads())  # once, as the process starts
         llm = LLM.from_config(config)
         ids = llm.chat_prompt_ids([{"role": "user", "content": prompt}]) if chat else llm.encode_prompt(prompt)
+        llm.engine.completion_budget(len(ids), max_tokens)  # as the server: refused, not cut short
         for delta in llm.stream(ids, params):
             sys.stdout.write(delta.text)
             sys.stdout.flush()

@@ -82,6 +82,25 @@ class LLMEngine:
                 "shorten the prompt or raise --max-model-len"
             )
 
+    def completion_budget(self, n_prompt: int, max_tokens: int | None) -> int:
+        """The tokens a completion may have: `max_tokens`, or (None) the rest of the context,
+        as vLLM; ValueError (in vLLM's words) when the prompt plus it exceed max_model_len."""
+        limit = self.max_model_len
+        if max_tokens is None:
+            if limit - n_prompt < 1:
+                raise ValueError(
+                    f"This model's maximum context length is {limit} tokens and the prompt has {n_prompt}: "
+                    "no room to generate. Please reduce the length of the prompt."
+                )
+            return limit - n_prompt
+        if n_prompt + max_tokens > limit:
+            raise ValueError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} in the completion). "
+                "Please reduce the length of the prompt or completion."
+            )
+        return max_tokens
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

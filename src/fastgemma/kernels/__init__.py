@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

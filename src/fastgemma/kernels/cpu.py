@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 
 def physical_cores() -> int:
     """Distinct (physical id, core id) pairs in /proc/cpuinfo; os.cpu_count() elsewhere."""
@@ -46,5 +44,7 @@ def cpu_has_fast_bf16() -> bool:
 def set_cpu_threads(n: int) -> None:
     """torch's intra-op threads for this process. Called once where a process starts
     (`fastgemma serve`, `bench decode`, `generate`), or by `LLM(threads=N)`."""
+    import torch  # here: reading the CPU's facts needs no torch (a CLI's --help imports this)
+
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)

@@ -228,26 +228,10 @@ def usage(prompt: int, completion: int) -> P.UsageInfo:
 
 def context_check(state: ServerState, n_prompt: int, max_tokens: int | None, param: str) -> int:
     """The completion's token budget (vLLM's: the rest of the context when not given)."""
-    limit = state.llm.max_model_len
-    if max_tokens is None:
-        max_tokens = limit - n_prompt
-        if max_tokens < 1:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens and the prompt has {n_prompt}: "
-                "no room to generate. Please reduce the length of the prompt.",
-                param,
-            )
-        return max_tokens
-    if n_prompt + max_tokens > limit:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} in the completion). "
-            "Please reduce the length of the prompt or completion.",
-            param,
-        )
-    return max_tokens
+    try:
+        return state.llm.engine.completion_budget(n_prompt, max_tokens)
+    except ValueError as e:
+        raise APIError(400, str(e), param) from None
 
 
 def sampling_params(state: ServerState, req: Any, max_tokens: int, logprobs: int | None) -> SamplingParams:

@@ -3,8 +3,9 @@
     run_server(config=EngineConfig(model=..., dtype=..., ...), host="127.0.0.1", port=8000,
                served_model_name=None, api_key=None, max_queue=64)
 
-`run_server` is where a `fastgemma serve` process starts: it sets the CPU thread count
-once, then loads the engine. `settings_from_env` fills unset settings from the environment
+`run_server` is where a `fastgemma serve` process starts: it binds its port first (a port
+in use fails at once, before minutes of loading), sets the CPU thread count once, loads the
+engine, prints the KV cache's size, and prints "serving ..." once uvicorn accepts requests. `settings_from_env` fills unset settings from the environment
 (`MODEL_ID`, `SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
 """
 
@@ -67,7 +68,8 @@ def run_server(
 ) -> None:
     """Load the engine `config` describes (None: the defaults) and serve it until interrupted
     (blocking). `allow_remote_media`: fetch http(s) image URLs in chat content parts (off by
-    default). Raises ValueError for a bad model or max_queue (before binding)."""
+    default). Raises ValueError for a bad model, max_queue or a port it cannot bind (the
+    port before anything loads)."""
     import uvicorn
 
     from fastgemma import LLM
@@ -76,22 +78,62 @@ def run_server(
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
     config = config or EngineConfig()
-    if config.torch_device().type == "cpu":
-        set_cpu_threads(config.cpu_threads())  # once, before any kernel runs
-    llm = load_on_passing_thread(lambda: LLM.from_config(config))
-    app = build_app(
-        llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
-        allow_remote_media=allow_remote_media,
-    )
-    name = app.state.fastgemma.served_model_name
-    c = llm.config
-    spec = c.speculative if c.speculative == "none" else f"{c.speculative} k={c.num_speculative_tokens}"
+    sock = bind_socket(host, port)
+    try:
+        if config.torch_device().type == "cpu":
+            set_cpu_threads(config.cpu_threads())  # once, before any kernel runs
+        llm = load_on_passing_thread(lambda: LLM.from_config(config))
+        app = build_app(
+            llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
+            allow_remote_media=allow_remote_media,
+        )
+        print(f"fastgemma: {kv_cache_line(llm)}", flush=True)
+        name = app.state.fastgemma.served_model_name
+        c = llm.config
+        spec = c.speculative if c.speculative == "none" else f"{c.speculative} k={c.num_speculative_tokens}"
+        ready = (f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, dtype {llm.model.dtype}, "
+                 f"quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1")
+        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+        threading.Thread(target=_say_when_started, args=(server, ready), daemon=True).start()
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a ValueError saying why not (a port in use)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as e:
+        raise ValueError(f"cannot resolve host {host!r}: {e}; pass --host an address or name of this machine") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart over TIME_WAIT
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}; pass another --port or stop what "
+                         "holds it") from None
+    return sock
+
+
+def kv_cache_line(llm: Any) -> str:
+    """What the KV cache holds now and at most: "KV cache: N sequences x up to L tokens, ..."."""
     pool = llm.runner.pool
-    print(f"fastgemma: KV cache: {pool.num_seqs} sequences x {llm.max_model_len} tokens, "
-          f"{pool.num_bytes / 2**20:.0f} MiB", flush=True)
-    print(f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, dtype {llm.model.dtype}, "
-          f"quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    now = f"{pool.num_bytes / 2**20:.0f} MiB now ({pool.capacity} tokens a sequence"
+    grows = ", grows with use" if pool.capacity < llm.max_model_len else ""
+    return (f"KV cache: {pool.num_seqs} sequences x up to {llm.max_model_len} tokens, {now}{grows}), "
+            f"{pool.bytes_at(llm.max_model_len) / 2**20:.0f} MiB at most")
+
+
+def _say_when_started(server: Any, line: str) -> None:
+    import time
+
+    while not server.started and not server.should_exit:
+        time.sleep(0.02)
+    if server.started:
+        print(line, flush=True)
 
 
 def load_on_passing_thread(load: Callable[[], Any]) -> Any:
