@@ -39,6 +39,7 @@ import torch
 
 from fastgemma.kernels import bf16_table, native, quant
 from fastgemma.kernels.huge_pages import empty as huge_pages_empty
+from fastgemma.kernels.huge_pages import huge_pages
 from fastgemma.kernels.linear import linear
 
 _U = 2.0**-24
@@ -94,8 +95,7 @@ class LmHeadScreen:
         a slice of rows at a time (no full-size fp32 / fp64 copy of the weight)."""
         self.weight, self.finalize = weight, finalize
         V, K = weight.shape
-        if codes is None:
-            codes = _build(weight)
+        codes = _build(weight) if codes is None else (huge_pages(codes[0]), *codes[1:])
         self.qweight, self.scales, self.coef = codes  # qweight streamed every greedy step: in huge pages
         if tuple(self.qweight.shape) != (V, K) or self.scales.shape != (V,) or self.coef.shape != (V,):
             raise ValueError(f"lm_head screen codes {tuple(self.qweight.shape)} do not fit a {V}x{K} lm_head")

@@ -148,15 +148,18 @@ class GemmaForCausalLM(nn.Module):
     lm_head_screen: LmHeadScreen | None = None
     _softcap_table: torch.Tensor | None = None
 
-    def build_kernels(self) -> GemmaForCausalLM:
+    def build_kernels(
+        self, screen_codes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    ) -> GemmaForCausalLM:
         """Once the weights are in place (the loader calls it): what `kernels` asks for,
         where the model supports it: the layers in huge pages for the native kernels, the
-        fused decode step (bf16 CPU), the exact lm_head screen (CPU, monotone rounding)."""
+        fused decode step (bf16 CPU), the exact lm_head screen (CPU, monotone rounding;
+        `screen_codes`: its codes from a cached build)."""
         if self.use_native:
             self._layers_in_huge_pages()
         self.fused_decode = self.kernels.fused_decode and self.use_native and decode_layers.supported(self)
         if self.kernels.lm_head_screen and self.screen_supported():
-            self.lm_head_screen = LmHeadScreen(self.lm_head_weight(), self.finalize_logits)
+            self.lm_head_screen = LmHeadScreen(self.lm_head_weight(), self.finalize_logits, screen_codes)
         return self
 
     _in_huge_pages = False

@@ -2,7 +2,8 @@
 
 `load(config)` is the one entry point: resolve the source, read its config, build the
 `ArchSpec`, read the tensors, build the decoder (quantising it when `config.quantization`
-asks and the checkpoint is not quantised already), the vision / audio towers when the
+asks and the checkpoint is not quantised already; what that converted, and the lm_head
+screen, cached in ready form for the next load: weights/ready.py), the vision / audio towers when the
 checkpoint is a multimodal Gemma 4 (always, no flag turns them off), and the tokenizer.
 """
 
@@ -24,8 +25,9 @@ from fastgemma.weights.checkpoint import (
     open_tensors,
     tower_name,
 )
-from fastgemma.weights.loader import load_model
+from fastgemma.weights.loader import assemble, checkpoint_state
 from fastgemma.weights.quantize import checkpoint_scheme
+from fastgemma.weights.ready import ReadyEntry
 from fastgemma.weights.source import ModelSource, resolve_model
 
 
@@ -52,17 +54,31 @@ def load(config: EngineConfig) -> LoadedModel:
         raise ValueError(
             f"{source.name} is already quantised as {stored.name}; drop --quantization or pass the original model"
         )
-    tensors = open_tensors(source)
-    model = load_model(
-        spec, tensors, config.torch_dtype(), config.torch_device(), max_model_len, stored,
-        quantize_to=None if stored is not None else wanted, kernels=config.kernel_choice(),
+    dtype, device, kernels = config.torch_dtype(), config.torch_device(), config.kernel_choice()
+    scheme = stored or wanted
+    ready = ReadyEntry(source, dtype, scheme.name if scheme else "none")
+    converts = device.type == "cpu" and (source.kind == "gguf" or (stored is None and wanted is not None))
+    state = ready.read("state") if converts else None
+    if state is None:
+        tensors = open_tensors(source)
+        state = checkpoint_state(
+            spec, tensors, dtype, device, max_model_len, stored, quantize_to=None if stored is not None else wanted
+        )
+        tensors.close()
+        if converts:
+            ready.write("state", state)
+    screen = ready.read("screen") if device.type == "cpu" and kernels.lm_head_screen else None
+    model = assemble(
+        spec, state, dtype, device, max_model_len, scheme, kernels,
+        screen_codes=None if screen is None else (screen["qweight"], screen["scales"], screen["coef"]),
     )
-    tensors.close()
+    del state
+    if model.lm_head_screen is not None and screen is None:
+        ready.write("screen", dict(zip(("qweight", "scales", "coef"), model.lm_head_screen.codes())))
     towers = None
     if getattr(hf_config, "model_type", None) == "gemma4":  # Gemma 3's vision tower is not wired in
         towers = load_towers(hf_config, open_tensors(source, tower_name), config.torch_dtype(), config.torch_device())
     release_free_memory()
-    scheme = stored or wanted
     folder = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
     return LoadedModel(
         source, spec, model, Tokenizer.from_folder(folder), max_model_len, scheme.name if scheme else "none",

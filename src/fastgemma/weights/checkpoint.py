@@ -10,9 +10,10 @@
   llama.cpp's names, and norm weights minus 1 (llama.cpp stores Gemma's (1 + w)). The config
   and tokenizer are converted by transformers once and cached beside the file's cache entry.
 
-Tensors are read lazily (`CheckpointTensors`): the files are memory-mapped, and a tensor is
-read (GGUF: dequantised) when asked, in slices of rows converted straight into the dtype the
-caller wants, so that loading holds the final weights plus one slice, never a whole fp32 copy.
+Tensors are read lazily (`CheckpointTensors`): a tensor is read (GGUF: dequantised from the
+memory-mapped file; safetensors: plain reads at the header's offsets) when asked, in slices
+of rows converted straight into the dtype the caller wants, so that loading holds the final
+weights plus one slice, never a whole fp32 copy.
 """
 
 from __future__ import annotations
@@ -222,8 +223,6 @@ def _no_rows(name: str, a: int, b: int) -> torch.Tensor:
 
 
 def _open_safetensors(folder: Path, rename: Callable[[str], str | None]) -> CheckpointTensors:
-    from safetensors import safe_open
-
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -233,24 +232,41 @@ def _open_safetensors(folder: Path, rename: Callable[[str], str | None]) -> Chec
         files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} has no .safetensors weights (pytorch .bin checkpoints are not supported)")
-    handles = [safe_open(folder / file, framework="pt") for file in files]
-    where: dict[str, tuple[Any, str]] = {}
+    # Plain reads at the header's offsets (the format: 8-byte header size, JSON header, data):
+    # a slice of rows is read into memory of its own, and nothing of the file stays mapped.
+    handles = [open(folder / file, "rb") for file in files]
+    where: dict[str, tuple[Any, int]] = {}  # name -> (file, offset of its data)
     shapes: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, torch.dtype] = {}
     for f in handles:
-        for name in f.keys():
-            if (mapped := rename(name)) is not None:
-                where[mapped] = (f, name)
-                info = f.get_slice(name)
-                shapes[mapped], dtypes[mapped] = tuple(info.get_shape()), _SAFETENSORS_DTYPES[info.get_dtype()]
+        try:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise ValueError(f"{f.name} is not a safetensors file: {e}") from None
+        for name, info in header.items():
+            if name != "__metadata__" and (mapped := rename(name)) is not None:
+                if info["dtype"] not in _SAFETENSORS_DTYPES:
+                    raise ValueError(f"{f.name}: tensor {name} has unsupported dtype {info['dtype']}")
+                where[mapped] = (f, 8 + n + info["data_offsets"][0])
+                shapes[mapped], dtypes[mapped] = tuple(info["shape"]), _SAFETENSORS_DTYPES[info["dtype"]]
 
     def read_rows(name: str, a: int, b: int) -> torch.Tensor:
-        f, stored = where[name]
-        if not shapes[name]:
-            return f.get_tensor(stored)
-        return f.get_slice(stored)[a:b]
+        f, offset = where[name]
+        shape = shapes[name]
+        row = math.prod(shape[1:]) * dtypes[name].itemsize
+        out = torch.empty((b - a, *shape[1:]) if shape else (), dtype=dtypes[name])
+        nbytes = out.numel() * out.element_size()
+        f.seek(offset + a * row)
+        if nbytes and f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != nbytes:
+            raise ValueError(f"{f.name}: tensor {name} is cut short")
+        return out
 
-    return CheckpointTensors(shapes, dtypes, read_rows, handles.clear)
+    def close() -> None:
+        for f in handles:
+            f.close()
+
+    return CheckpointTensors(shapes, dtypes, read_rows, close)
 
 
 _SAFETENSORS_DTYPES = {

@@ -72,6 +72,21 @@ def load_model(
     `stored`: the checkpoint's quantisation (its body linears are codes and scales);
     `quantize_to`: quantise an unquantised checkpoint's body linears from the stored
     weights (before rounding to `dtype`, as `fastgemma quantize` does); `kernels`: what the model is built with (models/gemma.py)."""
+    state = checkpoint_state(spec, tensors, dtype, device, max_model_len, stored, quantize_to)
+    return assemble(spec, state, dtype, device, max_model_len, stored or quantize_to, kernels)
+
+
+def checkpoint_state(
+    spec: ArchSpec,
+    tensors: Mapping[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    stored: QuantScheme | None = None,
+    quantize_to: QuantScheme | None = None,
+) -> dict[str, torch.Tensor]:
+    """The decoder's state dict (our names: fused q/k/v and gate/up, norm scales, codes and
+    scales of quantised linears) from checkpoint tensors, as `load_model` describes."""
     assert stored is None or quantize_to is None
     required = required_tensors(spec)
     scheme = stored or quantize_to
@@ -80,7 +95,7 @@ def load_model(
         required = _quantized_required(required)
     check_present(required, tensors, "the decoder")
     with torch.device("meta"):
-        model = GemmaForCausalLM(spec, max_model_len, kernels)
+        model = GemmaForCausalLM(spec, max_model_len)  # meta: the state's names and shapes
     codes = {}
     for base in bases:
         module = model.get_submodule(base)
@@ -96,10 +111,31 @@ def load_model(
     state.update(fill_state(model, {k: v for k, v in required.items() if k not in codes}, tensors, spec, dtype, device))
     unset = set(model.state_dict()) - set(state)
     assert not unset, f"loader does not fill {sorted(unset)}"
+    return state
+
+
+def assemble(
+    spec: ArchSpec,
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    scheme: QuantScheme | None,
+    kernels: KernelChoice = KernelChoice(),
+    screen_codes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> GemmaForCausalLM:
+    """The decoder from its state dict (`checkpoint_state`'s, or a cached copy of it;
+    consumed: the model takes its tensors), kernels built (`screen_codes`: the lm_head
+    screen's, cached)."""
+    with torch.device("meta"):
+        model = GemmaForCausalLM(spec, max_model_len, kernels)
+    for key in [k for k in state if k.endswith(".qweight")]:
+        base = key.removesuffix(".qweight")
+        model.get_submodule(base).quantize_(scheme, (state[key], state[base + ".scales"]), dtype=dtype)
     model.load_state_dict(state, assign=True)
-    del state, codes  # the model holds them now; build_kernels re-lays the layers out
+    state.clear()  # the model holds the tensors now; build_kernels re-lays the layers out
     model.requires_grad_(False)  # inference only: no autograd graph may hold intermediates of loading
-    return model.to_device(device).eval().build_kernels()
+    return model.to_device(device).eval().build_kernels(screen_codes)
 
 
 def check_present(required: dict[str, list[str]], tensors: Mapping[str, torch.Tensor], what: str) -> None:
