@@ -35,11 +35,12 @@ class CountingRunner:
         rows[torch.arange(len(ids)), torch.tensor([(t + 1) % V for t in ids])] = 10.0
         return rows
 
-    def prefill_from(self, ids: list[int], start: int, slot: int, soft=None) -> torch.Tensor:
+    def prefill_from(self, ids: list[int], start: int, slot: int, soft=None, out="logits"):
         chunk = ids[start : start + self.prefill_chunk]
         self.calls.append(("prefill", list(chunk), start, slot))
         self.last_hidden = torch.zeros(len(chunk), 4)
-        return self._rows(chunk)[-1]
+        logits = self._rows(chunk)[-1]
+        return int(torch.argmax(logits)) if out == "greedy" else logits if out == "logits" else None
 
     def decode_batch(self, batch: list[DecodeRows]) -> list[DecodeResult]:
         self.calls.append(("decode", [(r.slot, list(r.ids), r.position) for r in batch]))

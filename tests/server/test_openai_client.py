@@ -30,6 +30,8 @@ def test_models_health_metrics(oai, client):
     assert r.status_code == 200
     assert "fastgemma:num_requests_waiting" in r.text
     assert "fastgemma:time_to_first_token_seconds" in r.text
+    resident = next(line for line in r.text.splitlines() if line.startswith("process_resident_memory_bytes "))
+    assert float(resident.split()[1]) > 50 * 2**20  # this process's memory, read from /proc
 
 
 def test_completion_text_prompt_matches_engine(oai, ref_llm, client, helpers):

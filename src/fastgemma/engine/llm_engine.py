@@ -119,13 +119,19 @@ class LLMEngine:
             seq.soft = self.runner.media(seq.prompt_token_ids, seq.multimodal)
             seq.multimodal = None  # the towers ran; their soft tokens go in chunk by chunk
         start = seq.num_computed_tokens
-        logits = self.runner.prefill_from(seq.prompt_token_ids, start, seq.slot, seq.soft)
         seq.num_computed_tokens = min(start + self.runner.prefill_chunk, seq.num_prompt_tokens)
-        if seq.num_computed_tokens < seq.num_prompt_tokens:
+        last = seq.num_computed_tokens == seq.num_prompt_tokens
+        greedy = seq.params.greedy and seq.params.logprobs is None  # the token only: no full logits needed
+        out = None if not last else "greedy" if greedy else "logits"
+        first = self.runner.prefill_from(seq.prompt_token_ids, start, seq.slot, seq.soft, out)
+        if not last:
             return False
         seq.soft = None
         seq.target_hidden = self.runner.last_hidden[-1]
-        self.postprocess(seq, [sample(logits, seq.params, seq.generator)], logits[None])
+        if greedy:
+            self.postprocess(seq, [first], None)
+        else:
+            self.postprocess(seq, [sample(first, seq.params, seq.generator)], first[None])
         return True
 
     def decode(self, seqs: list[Sequence]) -> None:

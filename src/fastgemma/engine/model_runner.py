@@ -5,8 +5,10 @@ sequence, handed out by the engine's scheduler) and turns token ids into logits.
 nothing of sampling, stopping or text. Every method takes the cache slot it works on
 (default 0: the one-sequence API that tests and tools use).
 
-- `prefill_from(ids, start, slot, soft)`: ids[start : start + prefill_chunk] into the slot;
-  its last row's logits. Chunks start at multiples of `prefill_chunk` (absolute positions),
+- `prefill_from(ids, start, slot, soft, out)`: ids[start : start + prefill_chunk] into the
+  slot; its last row's logits (`out="logits"`), greedy token (`"greedy"`: the model may pick
+  it through the exact lm_head screen, without reading the full lm_head) or nothing (None:
+  a chunk before the prompt's last). Chunks start at multiples of `prefill_chunk` (absolute positions),
   so a prompt's numbers do not depend on when its chunks run or what runs beside them.
   `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first.
 - `prefill(ids, multimodal, slot)`: a whole prompt, chunk after chunk; last logits.
@@ -129,9 +131,12 @@ class ModelRunner:
         return soft_embeds, soft_mask, torch.cumsum(soft_mask, 0) - soft_mask.long()
 
     @torch.inference_mode()
-    def prefill_from(self, ids: list[int], start: int, slot: int = 0, soft: Soft | None = None) -> torch.Tensor:
+    def prefill_from(
+        self, ids: list[int], start: int, slot: int = 0, soft: Soft | None = None, out: str | None = "logits"
+    ) -> torch.Tensor | int | None:
         """Write ids[start : start + prefill_chunk] (positions start..; start a multiple of
-        prefill_chunk) into the slot; return the chunk's last row's logits [V]."""
+        prefill_chunk) into the slot; return the chunk's last row's logits [V] (`out`
+        "logits"), its greedy token ("greedy") or None (None)."""
         assert start % self.prefill_chunk == 0, (start, self.prefill_chunk)
         chunk = ids[start : start + self.prefill_chunk]
         last = torch.tensor([len(chunk) - 1], device=self.device)
@@ -140,7 +145,9 @@ class ModelRunner:
             first = int(soft[2][start])
             part = (soft[0][first : first + int(mask.sum())], mask)
         hidden = self.last_hidden = self._forward(chunk, start, last, slot, soft=part)
-        return self.model.compute_logits(hidden)[0]
+        if out == "greedy":
+            return self.model.greedy_tokens(hidden)[0]
+        return self.model.compute_logits(hidden)[0] if out == "logits" else None
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], multimodal: MultimodalInputs | None = None, slot: int = 0) -> torch.Tensor:

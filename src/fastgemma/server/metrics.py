@@ -9,12 +9,14 @@ process. Names are prefixed `fastgemma:` like vLLM's `vllm:` metrics.
   running (sequences in the batch) and KV-cache usage, vLLM's names, read by routers such as
   the llm-d / Gateway API inference extension;
 - speculative decoding (vLLM's `spec_decode_*` names): drafts, drafted and accepted tokens,
-  accepted tokens per draft position.
+  accepted tokens per draft position;
+- the process: prometheus-client's process collector (`process_resident_memory_bytes`,
+  `process_cpu_seconds_total`, open file descriptors, start time).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -27,6 +29,7 @@ class Metrics:
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu seconds, open fds
         r, labels = self.registry, {"model_name": model_name}
         self.requests = Counter(
             "fastgemma:requests", "HTTP requests answered, by endpoint and status code.",

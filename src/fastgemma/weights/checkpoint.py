@@ -161,8 +161,17 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
         dtypes: dict[str, torch.dtype],
         read_rows: Callable[[str, int, int], torch.Tensor],
         close: Callable[[], None] = lambda: None,
+        map_tensor: Callable[[str], torch.Tensor] | None = None,
     ):
         self._shapes, self._dtypes, self._read_rows, self.close = shapes, dtypes, read_rows, close
+        self._map = map_tensor
+
+    def mapped(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """The tensor as a view of its file, memory-mapped copy-on-write (pages read when
+        touched), when it is stored in `dtype` and the format allows; else None."""
+        if self._map is None or self._dtypes[name] != dtype:
+            return None
+        return self._map(name)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._shapes:
@@ -266,7 +275,22 @@ def _open_safetensors(folder: Path, rename: Callable[[str], str | None]) -> Chec
         for f in handles:
             f.close()
 
-    return CheckpointTensors(shapes, dtypes, read_rows, close)
+    def map_tensor(name: str) -> torch.Tensor:
+        f, offset = where[name]
+        return map_region(Path(f.name), offset, shapes[name], dtypes[name])
+
+    return CheckpointTensors(shapes, dtypes, read_rows, close, map_tensor)
+
+
+def map_region(path: Path, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over bytes offset.. of `path`, memory-mapped copy-on-write: nothing is read
+    until touched, and untouched pages cost no memory (the mapping lives with the tensor)."""
+    import mmap
+
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    count = math.prod(shape)
+    return torch.frombuffer(mm, dtype=dtype, count=count, offset=offset).view(shape)
 
 
 _SAFETENSORS_DTYPES = {

@@ -22,6 +22,7 @@ from fastgemma.models.spec import ArchSpec
 from fastgemma.weights.checkpoint import CheckpointTensors
 from fastgemma.weights.quantize import is_quantized_linear
 
+MAPPED = ("embed_tokens.weight", "embed_tokens_per_layer.weight")  # embedding tables: rows read per step
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
@@ -166,6 +167,10 @@ def fill_state(
             value = tensors[names[0]].to(dtype).reshape(1)
         elif not expected[key].is_floating_point():  # index buffers (the assistant's token ordering)
             value = tensors[names[0]]
+        elif key in MAPPED and device.type == "cpu" and isinstance(tensors, CheckpointTensors) and (
+            mapped := tensors.mapped(names[0], dtype)
+        ) is not None:
+            value = mapped  # an embedding table stored as it runs: read from the file when touched
         else:
             value = read_rows_into(tensors, names, dtype)
         if value.shape != expected[key].shape:

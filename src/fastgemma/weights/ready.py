@@ -9,8 +9,9 @@ cache (`<cache>/ready/<model>-<path hash>-<dtype>-<quantization>/`):
 - `screen.safetensors`: the exact lm_head screen's int8 codes, scales and bounds.
 A warm load then reads tensors straight into place: no GGUF parsing, no re-quantising, no
 re-building the screen. `source.json` records what the entry was made from (the files'
-paths, sizes and modification times); an entry whose source changed is rebuilt, and one
-entry per model path, dtype and quantization exists at a time. Entries are written to a
+paths, sizes and modification times); an entry whose source changed is rebuilt, one entry
+per model path, dtype and quantization exists at a time, and entries whose source files are
+gone are removed when a new one is written. Entries are written to a
 temporary folder and renamed, so an interrupted write leaves none. Set `FASTGEMMA_READY_CACHE=0`
 to neither read nor write them.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -26,9 +28,12 @@ from pathlib import Path
 import torch
 
 from fastgemma.paths import cache_dir
+from fastgemma.weights.checkpoint import map_region
+from fastgemma.weights.loader import MAPPED
 from fastgemma.weights.source import ModelSource
 
 READY_VERSION = 1  # bump when what a state holds changes
+
 
 
 class ReadyEntry:
@@ -52,7 +57,7 @@ class ReadyEntry:
         if not self.enabled or not file.is_file() or not self._valid():
             return None
         try:
-            return read_safetensors(file)
+            return read_safetensors(file, MAPPED)
         except (OSError, ValueError, KeyError):  # a damaged entry: rebuilt by this load
             return None
 
@@ -64,6 +69,7 @@ class ReadyEntry:
         from safetensors.torch import save_file
 
         tmp = self.folder.with_name(f"{self.folder.name}.tmp{os.getpid()}")
+        _prune(self.folder.parent)
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             if self._valid():
@@ -83,10 +89,11 @@ _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "
            "I8": torch.int8, "U8": torch.uint8, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path, mapped: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors file read into memory of its own (plain reads, no
     mapping left behind: a mapped file would stay resident beside the copies that the
-    model re-lays out, kernels/huge_pages.py)."""
+    model re-lays out, kernels/huge_pages.py), except those named in `mapped`: views of the
+    file, memory-mapped (embedding tables, of which a step touches a few rows)."""
     out = {}
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -96,9 +103,13 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             if name == "__metadata__":
                 continue
             begin, end = info["data_offsets"]
-            t = torch.empty(info["shape"], dtype=_DTYPES[info["dtype"]])
-            if end - begin != t.numel() * t.element_size():
+            dtype = _DTYPES[info["dtype"]]
+            if end - begin != math.prod(info["shape"]) * dtype.itemsize:
                 raise ValueError(f"{path}: {name} has {end - begin} bytes for shape {info['shape']}")
+            if name in mapped:
+                out[name] = map_region(path, base + begin, tuple(info["shape"]), dtype)
+                continue
+            t = torch.empty(info["shape"], dtype=dtype)
             f.seek(base + begin)
             if end > begin and f.readinto(memoryview(t.view(-1).view(torch.uint8).numpy())) != end - begin:
                 raise ValueError(f"{path}: {name} is cut short")
@@ -113,6 +124,17 @@ def with_normal_permissions(folder: Path) -> None:
     for f in folder.iterdir():
         if f.is_file():
             f.chmod(0o666 & ~umask)
+
+
+def _prune(root: Path) -> None:
+    """Remove entries whose source files no longer exist (a deleted or moved model)."""
+    for stamp in root.glob("*/source.json"):
+        try:
+            files = json.loads(stamp.read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if any(not Path(f[0]).exists() for f in files):
+            shutil.rmtree(stamp.parent, ignore_errors=True)
 
 
 def _fingerprint(source: ModelSource) -> list[list]:
