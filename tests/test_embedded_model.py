@@ -99,7 +99,7 @@ def test_score_ppl_matches_transformers(embedded_llm_fp32, embedded_reference, p
 def test_hf_folder_conversion_gives_same_logits(embedded_llm_fp32, embedded_reference, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    convert_to_hf_folder(None, tmp_path)
+    convert_to_hf_folder(None, tmp_path, dtype="float32")  # the GGUF's values exactly
     from_folder = LLM(str(tmp_path), dtype="float32", device="cpu", max_model_len=2048)
     assert from_folder.source.kind == "folder"
     ids = _chat_ids(from_folder, "Name three rivers in Europe.")

@@ -68,12 +68,13 @@ def generate(
 def convert(
     model: Optional[str] = typer.Argument(None, help="A .gguf file (default: the embedded model)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16) | bfloat16 | float32 (the GGUF's values exactly)."),
 ) -> None:
-    """Write a GGUF checkpoint as a Hugging Face folder (fp32 safetensors, config, tokenizer)."""
+    """Write a GGUF checkpoint as a Hugging Face folder (safetensors, config, tokenizer)."""
     from fastgemma.weights.convert import convert_to_hf_folder
 
     try:
-        typer.echo(str(convert_to_hf_folder(model, out)))
+        typer.echo(str(convert_to_hf_folder(model, out, dtype)))
     except ValueError as e:
         fail(str(e))
 
@@ -118,12 +119,15 @@ def quantize(
     model: Optional[str] = typer.Argument(None, help="Model folder, .gguf file or hub id (default: the embedded model)."),
     scheme: str = typer.Option(..., "--scheme", "-s", help="int8 | int4-g32 | int4-g128."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write."),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="The other tensors: auto (as stored; a GGUF's in bfloat16) | bfloat16 | float32."
+    ),
 ) -> None:
     """Write MODEL with its body linears quantised: a folder that loads like any checkpoint."""
     from fastgemma.weights.quantize import write_quantized_folder
 
     try:
-        typer.echo(str(write_quantized_folder(model, scheme, out)))
+        typer.echo(str(write_quantized_folder(model, scheme, out, dtype)))
     except ValueError as e:
         fail(str(e))
 

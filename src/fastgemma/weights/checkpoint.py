@@ -187,6 +187,10 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
 
+    def dtype(self, name: str) -> torch.dtype:
+        """The dtype it is stored in (fp32 for a GGUF's dequantised tensors)."""
+        return self._dtypes[name]
+
     def rows(self, name: str, a: int, b: int) -> torch.Tensor:
         return self._read_rows(name, a, b)
 
@@ -211,20 +215,6 @@ def open_tensors(source: ModelSource, rename: Callable[[str], str | None] = text
     if source.kind == "gguf":
         return _open_gguf(source.path) if rename is text_name else CheckpointTensors({}, {}, _no_rows)
     return _open_safetensors(source.path, rename)
-
-
-def iter_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
-    """(decoder name, tensor) for every text-decoder tensor of the checkpoint, one at a time."""
-    tensors = open_tensors(source)
-    for name in tensors:
-        yield name, tensors[name]
-
-
-def iter_tower_tensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor]]:
-    """(tower name, tensor) for every vision / audio tower tensor (none for a GGUF)."""
-    tensors = open_tensors(source, tower_name)
-    for name in tensors:
-        yield name, tensors[name]
 
 
 def _no_rows(name: str, a: int, b: int) -> torch.Tensor:

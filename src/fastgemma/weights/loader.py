@@ -20,7 +20,7 @@ from fastgemma.kernels.quant import QuantScheme
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec
 from fastgemma.weights.checkpoint import CheckpointTensors
-from fastgemma.weights.quantize import is_quantized_linear
+from fastgemma.weights.quantize import is_quantized_linear, quantize_rows
 
 MAPPED = ("embed_tokens.weight", "embed_tokens_per_layer.weight")  # embedding tables: rows read per step
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -105,7 +105,7 @@ def checkpoint_state(
             scales = torch.cat([tensors[n].float() for n in required[base + ".scales"]], dim=0)
             _check_codes(base, module, stored, qweight, scales)
         else:  # per-row schemes: quantising the fused matrix = quantising its parts' row slices
-            qweight, scales = _quantize_rows(tensors, required.pop(base + ".weight"), quantize_to)
+            qweight, scales = quantize_rows(tensors, required.pop(base + ".weight"), quantize_to)
         codes[base + ".qweight"], codes[base + ".scales"] = qweight, scales
         module.quantize_(scheme, (qweight, scales), dtype=dtype)
     state = {key: value.to(device) for key, value in codes.items()}
@@ -201,24 +201,6 @@ def read_rows_into(tensors: Mapping[str, torch.Tensor], names: list[str], dtype:
 
 def _shape(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
     return tensors.shape(name) if isinstance(tensors, CheckpointTensors) else tuple(tensors[name].shape)
-
-
-def _quantize_rows(
-    tensors: Mapping[str, torch.Tensor], names: list[str], scheme: QuantScheme
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes and scales of the named matrices concatenated along rows, quantised a slice of
-    rows at a time from the stored weights (the schemes are per row: the same codes)."""
-    codes, scales = [], []
-    for name in names:
-        rows, K = _shape(tensors, name)
-        s = quant.scheme_for(scheme, K)
-        step = max(1, (1 << 22) // K)
-        for a in range(0, rows, step):
-            w = tensors.rows(name, a, min(a + step, rows)) if isinstance(tensors, CheckpointTensors) else tensors[name][a : a + step]
-            q, sc = quant.quantize(w, s)
-            codes.append(q)
-            scales.append(sc)
-    return torch.cat(codes), torch.cat(scales)
 
 
 def _is_quantized(required: dict[str, list[str]], key: str) -> bool:

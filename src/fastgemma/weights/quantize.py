@@ -2,8 +2,9 @@
 
 The decoder body's linear weights (attention q/k/v/o, MLP gate/up/down, the Gemma 4 PLE
 gate/projection and model projection) are stored as `<name>.qweight` + `<name>.scales`
-(kernels/quant.py) in place of `<name>.weight`; embeddings, norms and an untied lm_head stay
-in full precision (greedy decoding reads the lm_head through the exact screen instead).
+(kernels/quant.py) in place of `<name>.weight`; embeddings, norms and an untied lm_head are
+not quantised (greedy decoding reads the lm_head through the exact screen instead): they are
+written as stored, or in `--dtype` (a GGUF's in bfloat16 unless `--dtype float32`).
 The schemes are per output row, so q/k/v (and gate/up) quantised one by one are the fused
 matrix quantised at once: the loader concatenates codes and scales along rows.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +61,34 @@ def checkpoint_scheme(hf_config: Any) -> QuantScheme | None:
     return scheme
 
 
-def write_quantized_folder(model: str | None, scheme_name: str, out: Path) -> Path:
-    """Quantise a checkpoint's body linears from its stored weights and write a folder."""
+def quantize_rows(
+    tensors: Mapping[str, torch.Tensor], names: list[str], scheme: QuantScheme
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales of the named matrices concatenated along rows, quantised a slice of
+    rows at a time from the stored weights (the schemes are per row: the same codes)."""
+    codes, scales = [], []
+    for name in names:
+        lazy = hasattr(tensors, "rows")  # a CheckpointTensors: read slice by slice
+        rows, K = tensors.shape(name) if lazy else tuple(tensors[name].shape)
+        s = quant.scheme_for(scheme, K)
+        step = max(1, (1 << 22) // K)
+        for a in range(0, rows, step):
+            w = tensors.rows(name, a, min(a + step, rows)) if lazy else tensors[name][a : a + step]
+            q, sc = quant.quantize(w, s)
+            codes.append(q)
+            scales.append(sc)
+    return torch.cat(codes), torch.cat(scales)
+
+
+def write_quantized_folder(model: str | None, scheme_name: str, out: Path, dtype: str = "auto") -> Path:
+    """Quantise a checkpoint's body linears from its stored weights and write a folder: codes
+    and scales for those, every other floating tensor in `dtype` (auto: as stored; a GGUF's
+    in bfloat16, as convert.py), a slice of rows at a time."""
     from safetensors.torch import save_file
 
-    from fastgemma.weights.checkpoint import gguf_meta_folder, iter_tensors, iter_tower_tensors
+    from fastgemma.weights.checkpoint import gguf_meta_folder, open_tensors, tower_name
+    from fastgemma.weights.convert import output_dtype
+    from fastgemma.weights.ready import with_normal_permissions
     from fastgemma.weights.source import resolve_model
 
     scheme = QuantScheme.parse(scheme_name)
@@ -74,22 +99,36 @@ def write_quantized_folder(model: str | None, scheme_name: str, out: Path) -> Pa
     config = json.loads((meta / "config.json").read_text())
     if "quantization_config" in config or "quantization_config" in config.get("text_config", {}):
         raise ValueError(f"{source.name} is already quantised; quantise the original checkpoint")
+    target = output_dtype(dtype, torch.bfloat16 if source.kind == "gguf" else None)
     out.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in iter_tensors(source):
+    written: dict[str, torch.Tensor] = {}
+    decoder = open_tensors(source)
+    for name in decoder:
         key = name if name == "lm_head.weight" else f"model.{name}"
-        if is_quantized_linear(name) and tensor.dim() == 2:
-            qweight, scales = quant.quantize(tensor, quant.scheme_for(scheme, tensor.shape[1]))
+        shape = decoder.shape(name)
+        if is_quantized_linear(name) and len(shape) == 2:
             base = key.removesuffix(".weight")
-            tensors[base + ".qweight"], tensors[base + ".scales"] = qweight, scales
+            written[base + ".qweight"], written[base + ".scales"] = quantize_rows(decoder, [name], scheme)
         else:
-            tensors[key] = tensor.contiguous()
-    for name, tensor in iter_tower_tensors(source):  # vision / audio towers: copied unquantised
-        tensors[f"model.{name}"] = tensor.contiguous()
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+            written[key] = _stored(decoder, name, target)
+    decoder.close()
+    towers = open_tensors(source, tower_name)
+    for name in towers:  # vision / audio towers: copied unquantised
+        written[f"model.{name}"] = _stored(towers, name, target)
+    towers.close()
+    save_file(written, out / "model.safetensors", metadata={"format": "pt"})
+    del written
     for f in meta.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
             shutil.copy(f, out / f.name)
     config["quantization_config"] = {"quant_method": QUANT_METHOD, "scheme": scheme.name}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    with_normal_permissions(out)
     return out
+
+
+def _stored(tensors, name: str, target: torch.dtype | None) -> torch.Tensor:
+    """A tensor as written: floating ones in `target` (None: as stored), others as stored."""
+    if target is None or not tensors.dtype(name).is_floating_point:
+        return tensors[name]
+    return tensors.read(name, target)
