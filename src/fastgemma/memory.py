@@ -42,6 +42,42 @@ def peak_resident_bytes(pid: int | str = "self") -> int | None:
     return None if kib is None else kib * 1024
 
 
+def reset_peak() -> bool:
+    """Start the process's peak resident figure (VmHWM) anew from now (Linux: clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class MemoryMeter:
+    """What a piece of work adds: `MemoryMeter(device)`, the work, then `read()` ->
+    {"resident_mib": resident growth, "peak_mib": peak growth during it} and on CUDA
+    "gpu_peak_mib" (torch's peak allocation on the device)."""
+
+    def __init__(self, device=None):
+        self.device = device
+        self.cuda = device is not None and getattr(device, "type", str(device)).startswith("cuda")
+        self.peak_reset = reset_peak()
+        self.start = resident_bytes() or 0
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def read(self) -> dict[str, float]:
+        now = resident_bytes() or 0
+        peak = (peak_resident_bytes() or now) if self.peak_reset else now
+        out = {"resident_mib": (now - self.start) / 2**20, "peak_mib": (max(peak, now) - self.start) / 2**20}
+        if self.cuda:
+            import torch
+
+            out["gpu_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return out
+
+
 def release_free_memory() -> None:
     """Return the C heap's free pages to the OS (glibc's malloc_trim)."""
     if not sys.platform.startswith("linux"):

@@ -41,6 +41,8 @@ def test_bench_decode_json(tiny_text_model, tmp_path):
     fg = out["engines"]["fastgemma"]
     assert fg["decode_tok_s"] > 0 and fg["prefill_tok_s"] > 0 and fg["bandwidth_fraction"] > 0
     assert "transformers" in out["engines"]
+    for s in out["engines"].values():  # each engine's memory, its load and warm-up alone
+        assert 0 < s["resident_mib"] <= s["peak_mib"] < out["peak_resident_mib"], s
     assert out["greedy_identity_vs_plain_path"] == {
         "checked": True, "fastgemma": {"identical_prompts": 2, "prompts": 2, "first_divergence": [None, None]}
     }

@@ -14,6 +14,10 @@ the drafting methods (engine/speculative.py); each pair is its own fastgemma eng
 ("fastgemma", "fastgemma int8", "fastgemma ngram", ...) in the same alternation. A
 speculative engine also reports its acceptance over the timed runs (mean acceptance length,
 per-position acceptance).
+Memory: each engine (llama.cpp's and transformers' too) is loaded and warmed up in turn;
+the resident memory that added and its peak during it are reported ("+MiB (peak)"; the
+process's peak is reset before each, Linux `clear_refs`), with the GPU's peak allocation on
+CUDA, and the process's overall peak.
 Greedy identity: each fastgemma engine's outputs are compared, prompt by prompt, with its
 configuration's plain path (`EngineConfig.plain()`, loaded as a second engine after the
 timed runs: one op at a time, full lm_head, no drafting); they must agree. `ppl_records` > 0 also scores that many challenge PPL records per
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from fastgemma.bench.ppl import load_ppl_records, perplexity
 from fastgemma.config import EngineConfig
 from fastgemma.data import PPL_FILE, PROMPTS_FILE, challenge_file
 from fastgemma.kernels.cpu import set_cpu_threads
+from fastgemma.memory import MemoryMeter, peak_resident_bytes
 
 COMPARE_ENGINES = ("transformers", "llama.cpp")
 
@@ -128,30 +134,41 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
     records = load_ppl_records(cfg.ppl_data or challenge_file(PPL_FILE), cfg.ppl_records) if cfg.ppl_records else []
     if cfg.engines[0].torch_device().type == "cpu":
         set_cpu_threads(cfg.engines[0].cpu_threads())  # once, before any engine loads
-    llms = [LLM.from_config(engine) for engine in cfg.engines]
-    llm = llms[0]
-    prompts = [llm.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts]
+    device = cfg.engines[0].torch_device()
+    memory: dict[str, dict[str, float]] = {}  # engine -> the memory its load and warm-up added
+    engines: list[Any] = []
+    prompts: list[list[int]] = []
+
+    def add(make: Callable[[], Any]) -> Any:
+        meter = MemoryMeter(device)
+        engine = make()
+        if not prompts:  # the first engine is ours: its tokenizer builds the prompts
+            prompts.extend(engine.llm.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts)
+        for _ in range(cfg.warmup):
+            engine.run(prompts[0][:64], 8)
+        memory[engine.name] = meter.read()
+        engines.append(engine)
+        return engine
+
+    for config in cfg.engines:
+        add(lambda c=config: FastgemmaEngine(LLM.from_config(c)))
+    llm = engines[0].llm
     max_len = max(map(len, prompts)) + cfg.output_len + 1
     dtype = llm.model.dtype
-    engines: list[Any] = [FastgemmaEngine(m) for m in llms]
     ours = {e.name: e.llm for e in engines}
     notes: list[str] = []
     for name in cfg.compare:
         try:
             if name == "transformers":
-                engines.append(TransformersEngine(llm.source, dtype, llm.runner.device))
+                add(lambda: TransformersEngine(llm.source, dtype, llm.runner.device))
             elif llm.source.kind != "gguf":
                 notes.append("llama.cpp skipped: it needs a GGUF model")
             else:
-                engines.append(LlamaCppEngine(llm.source.path, max_len, cfg.engines[0].cpu_threads()))
+                add(lambda: LlamaCppEngine(llm.source.path, max_len, cfg.engines[0].cpu_threads()))
         except ImportError as e:
             notes.append(f"{name} skipped: {e.name or e} not installed (pip install 'fastgemma[compare]')")
     for note in notes:
         log(note)
-
-    for engine in engines:
-        for _ in range(cfg.warmup):
-            engine.run(prompts[0][:64], 8)
     bandwidth = read_bandwidth_gb_s(device=str(llm.runner.device))
     spec_before = {name: m.engine.spec_stats.snapshot() for name, m in ours.items()}
     results = {e.name: EngineRuns() for e in engines}
@@ -167,6 +184,8 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
             log(f"pass {rep + 1}/{cfg.repetitions}, prompt {i + 1}/{len(prompts)} ({len(ids)} tokens) done")
 
     stats = {name: runs.stats(cfg.output_len) for name, runs in results.items()}
+    for name, m in memory.items():
+        stats[name].update(m)
     mean_context = statistics.mean(len(p) for p in prompts) + cfg.output_len / 2
     for name, m in ours.items():
         s = stats[name]
@@ -218,8 +237,18 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
         "output_len": cfg.output_len,
         "repetitions": cfg.repetitions,
         "greedy_identity_vs_plain_path": identity,
+        "peak_resident_mib": (peak_resident_bytes() or 0) / 2**20,
         "notes": notes,
     }
+
+
+def _memory_cell(s: dict[str, Any]) -> str:
+    """Resident memory the engine's load and warm-up added, with the peak during them
+    (and the GPU's peak allocation on CUDA)."""
+    if "resident_mib" not in s:
+        return ""
+    cell = f"{s['resident_mib']:.0f} ({s['peak_mib']:.0f})"
+    return cell + (f", GPU {s['gpu_peak_mib']:.0f}" if "gpu_peak_mib" in s else "")
 
 
 def render_table(result: dict[str, Any]) -> None:
@@ -228,7 +257,8 @@ def render_table(result: dict[str, Any]) -> None:
 
     table = Table(title=f"decode bench: {result['model']} {result['dtype']}, batch 1, {result['output_len']} tokens")
     with_ppl = any("ppl" in s for s in result["engines"].values())
-    cols = ["engine", "prefill tok/s", "decode tok/s", "TTFT ms", "ms/token", "MB/token", "GB/s", "of bandwidth"]
+    cols = ["engine", "prefill tok/s", "decode tok/s", "TTFT ms", "ms/token", "MB/token", "GB/s", "of bandwidth",
+            "+MiB (peak)"]
     for col in cols + (["PPL", "ΔPPL"] if with_ppl else []):
         table.add_column(col, justify="right")
     for name, s in result["engines"].items():
@@ -245,6 +275,7 @@ def render_table(result: dict[str, Any]) -> None:
             mb,
             gb,
             frac,
+            _memory_cell(s),
             *ppl,
         )
     console = Console(stderr=False)
