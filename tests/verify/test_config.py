@@ -82,3 +82,5 @@ def test_verify_starts_a_quantised_server_end_to_end(tiny_text_model, small_prom
     assert summary["ppl_delta"] == pytest.approx(summary["ppl"] / summary["reference_ppl"] - 1)
     assert summary["ppl_delta"] != 0.0  # the reference is the unquantised model
     assert "int8" in (tmp_path / "record.md").read_text()
+    assert summary["server_resident_mib"] > 100  # the served process's memory, read from its /metrics
+    assert "server resident memory after the run" in (tmp_path / "record.md").read_text()

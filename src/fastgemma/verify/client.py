@@ -134,6 +134,23 @@ class Client:
             return None
         return parse_spec_decode_counters(response.text)
 
+    def resident_memory_bytes(self) -> int | None:
+        """The server process's resident memory (`process_resident_memory_bytes` from
+        GET /metrics, prometheus-client's process collector), or None where not exported."""
+        try:
+            response = self.http.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        for line in response.text.splitlines():
+            if line.startswith("process_resident_memory_bytes "):
+                try:
+                    return int(float(line.split()[1]))
+                except (IndexError, ValueError):
+                    return None
+        return None
+
     def model_ids(self, stage: str = "connect") -> list[str]:
         body, _ = self._request(stage, "GET", "/v1/models")
         data = field(body, "data", stage)

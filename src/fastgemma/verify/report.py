@@ -54,6 +54,7 @@ def markdown_record(summary: dict[str, Any]) -> str:
         ("quantization (ΔPPL vs unquantised)", f"{summary['quantization'] or 'as served'} ({_pct(summary['ppl_delta'])})"),
         ("greedy identity", str(summary["identity"]["holds"])),
         ("speculative acceptance (public run)", _spec(summary.get("speculation"))),
+        ("server resident memory after the run", _mib(summary.get("server_resident_mib"))),
         ("prompts", f"{pub['num_requests']} public + {priv['num_requests']} private ({summary['private_source']})"),
         ("output len", str(pub["output_len"])),
     ]
@@ -62,6 +63,10 @@ def markdown_record(summary: dict[str, Any]) -> str:
     lines += [f"| {c['name']} | {c['status']} | {c['detail']} |" for c in summary["checks"]]
     lines += ["", "Measured by `fastgemma verify` (methodology: sglang bench_serving v0.5.2, `vllm-chat`).", ""]
     return "\n".join(lines)
+
+
+def _mib(value: float | None) -> str:
+    return "not reported" if value is None else f"{value:.0f} MiB"
 
 
 def _spec(spec: dict[str, Any] | None) -> str:
@@ -94,5 +99,6 @@ def render_table(summary: dict[str, Any]) -> None:
     )
     if summary.get("speculation"):
         console.print(f"speculative decoding (public run): {_spec(summary['speculation'])}")
+    console.print(f"server resident memory after the run: {_mib(summary.get('server_resident_mib'))}")
     console.print(f"verdict: {summary['verdict']}" + "".join(f"\n  - {r}" for r in summary["reasons"]))
     console.print(f"outputs: {summary['outputs']['dir']}")

@@ -90,6 +90,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
         private_ppl = None
         if inputs.private_records is not None:
             private_ppl = timed("ppl-private", lambda: run_ppl(client, model, inputs.private_records, "ppl-private", p))
+        server_memory = client.resident_memory_bytes()  # after every stage ran
 
     need_ref_ppl = cfg.reference_ppl is None
     need_ref_ids = inputs.reference_outputs is None
@@ -123,6 +124,7 @@ def run_verify(cfg: VerifyConfig, log: Log = _stderr) -> dict[str, Any]:
         "ppl_delta": ppl.ppl / reference_ppl - 1.0 if reference_ppl else None,
         "private_tps": private.output_tps, "tps_change": private.output_tps / public.output_tps - 1.0,
         "speculation": speculation,
+        "server_resident_mib": server_memory / 2**20 if server_memory is not None else None,
         "identity": identity.to_dict(),
         "latencies": {k: v for k, v in public.to_dict().items() if k.endswith("_ms")},
         "public": public.to_dict(), "private": private.to_dict(), "private_source": inputs.private_source,
