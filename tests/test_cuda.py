@@ -125,3 +125,21 @@ def test_cuda_bench_decode_runs_every_engine_on_the_gpu(tiny_text_model, tmp_pat
     assert {"fastgemma", "fastgemma ngram", "fastgemma int8", "fastgemma int8 ngram", "transformers"} <= set(out["engines"])
     identity = out["greedy_identity_vs_plain_path"]
     assert all(identity[name]["identical_prompts"] == 2 for name in identity if name != "checked")
+
+
+def test_ple_table_stays_in_pinned_host_memory_and_gives_the_device_tables_bits(tiny_e4b):
+    """Only each step's PLE rows travel to the GPU; the outputs are those of the table kept
+    on the device (the graph path and the eager path alike)."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompt = [3, 17, 99, 4, 250, 31, 7]
+    for eager in (True, False):
+        llm = LLM(str(tiny_e4b), device="cuda", dtype="bfloat16", max_model_len=64, enforce_eager=eager)
+        model = llm.model
+        assert model.ple_host is not None and model.ple_host.is_pinned() and model.embed_tokens_per_layer is None
+        ids = torch.tensor(prompt, device="cuda")
+        assert torch.equal(model.ple_rows(ids), model.ple_host.to("cuda")[ids])
+        offloaded = llm.generate([prompt], params)[0].token_ids
+        model.embed_tokens_per_layer = torch.nn.Embedding.from_pretrained(model.ple_host.to("cuda"))
+        model.ple_host = None
+        llm.runner.static.clear()  # fixed-shape steps made again, without host staging
+        assert llm.generate([prompt], params)[0].token_ids == offloaded

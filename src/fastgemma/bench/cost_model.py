@@ -24,7 +24,7 @@ def weight_bytes_per_token(model: GemmaForCausalLM) -> int:
         total += head.numel() * head.element_size()
     total += emb.shape[1] * emb.element_size()  # the token's embedding row
     if model.spec.per_layer_input_size:
-        ple = model.embed_tokens_per_layer.weight
+        ple = model.ple_host if model.ple_host is not None else model.embed_tokens_per_layer.weight
         total += ple.shape[1] * ple.element_size()
     return total
 

@@ -57,6 +57,11 @@ class StaticStep:
         # rows: ids, positions, full-buffer slots, ring slots; [4, STATIC_ROWS] int64
         self.inputs = torch.zeros(4, STATIC_ROWS, dtype=torch.long, device=device)
         self.staging = torch.zeros(4, STATIC_ROWS, dtype=torch.long, pin_memory=device.type == "cuda")
+        # A PLE table in host memory (models/gemma.py): the step's rows, gathered at staging
+        self.ple_staging = self.ple_input = None
+        if (table := model.ple_host) is not None:
+            self.ple_staging = torch.empty(STATIC_ROWS, table.shape[1], dtype=table.dtype, pin_memory=device.type == "cuda")
+            self.ple_input = torch.empty(STATIC_ROWS, table.shape[1], dtype=table.dtype, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # hidden, logits, argmax
 
@@ -65,7 +70,7 @@ class StaticStep:
         ids, positions, full_slots, ring_slots = self.inputs
         meta = self.cache.in_place_metadata(positions, full_slots, ring_slots)
         embeds, ple_ids = self.model.embed(ids)
-        hidden = self.model(embeds, ple_ids, meta, self.cache)  # [R, D]
+        hidden = self.model(embeds, ple_ids, meta, self.cache, ple_rows=self.ple_input)  # [R, D]
         logits = self.model.compute_logits(hidden)  # [R, V]
         return hidden, logits, torch.argmax(logits, dim=-1)
 
@@ -88,6 +93,9 @@ class StaticStep:
             [p % c.ring for p in positions] + [c.ring] * pad,  # scratch: one past the ring
         ]))
         self.inputs.copy_(self.staging, non_blocking=True)
+        if self.ple_staging is not None:
+            torch.index_select(self.model.ple_host, 0, self.staging[0], out=self.ple_staging)
+            self.ple_input.copy_(self.ple_staging, non_blocking=True)
 
     def run(self, ids: list[int], start: int, want_logits: bool = False) -> StepOutput:
         n = len(ids)

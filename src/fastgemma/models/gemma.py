@@ -12,6 +12,11 @@ Gemma 4 per-layer embeddings (PLE), with E = the merged input embeddings:
     ctx = RMSNorm_P(per_layer_model_projection(E) * D^-0.5)       -> [T, L, P]
     ple = (ctx + tok) * 2^-0.5;  layer i receives ple[:, i]
 At soft-token positions `ple_ids` holds the pad id, as transformers does.
+The PLE table (E4B: 262144 x 42 x 256 bf16, 5.6 GB) is read a row per token. Off the CPU it
+stays in host memory (`to_device(..., ple_on_host=True)`: pinned, `ple_host`) and each
+forward gathers its tokens' rows there and sends only them (`ple_rows`; a fixed-shape step
+stages them itself, engine/static_step.py); rows are copied, never computed, so this is bit
+for bit the table on the device. On the CPU the loader maps it from the file instead.
 
 Prefill shortcut (Gemma 4): when only some positions' hidden states are wanted (`keep`),
 the KV-shared layers run on those positions only; scoring passes keep=None (all).
@@ -135,7 +140,15 @@ class GemmaForCausalLM(nn.Module):
             self.rope_cos[kind], self.rope_sin[kind] = cos.to(device), sin.to(device)
         self.rope_len = n
 
-    def to_device(self, device: torch.device) -> GemmaForCausalLM:
+    ple_host: torch.Tensor | None = None  # [V_ple, L * P] the PLE table in host memory (pinned), when offloaded
+
+    def to_device(self, device: torch.device, ple_on_host: bool = False) -> GemmaForCausalLM:
+        """Move the model to `device`; with `ple_on_host` (and a PLE table) the table stays
+        in host memory, pinned where CUDA is, and only its rows travel (module docstring)."""
+        if ple_on_host and self.spec.per_layer_input_size and self.ple_host is None:
+            table = self.embed_tokens_per_layer.weight.data.to("cpu")
+            self.embed_tokens_per_layer = None
+            self.ple_host = table.pin_memory() if torch.cuda.is_available() else table
         self.to(device)
         self.rope_cos = {k: v.to(device) for k, v in self.rope_cos.items()}
         self.rope_sin = {k: v.to(device) for k, v in self.rope_sin.items()}
@@ -208,11 +221,21 @@ class GemmaForCausalLM(nn.Module):
             ple_ids = input_ids.masked_fill(soft_mask, self.spec.pad_token_id)
         return h, ple_ids
 
-    def per_layer_inputs(self, embeds: torch.Tensor, ple_ids: torch.Tensor) -> torch.Tensor:
-        """[T, L, P]; see the module docstring."""
+    def ple_rows(self, ple_ids: torch.Tensor) -> torch.Tensor:
+        """The PLE table's rows for ple_ids [T] -> [T, L * P] on the model's device."""
+        if self.ple_host is None:
+            return self.embed_tokens_per_layer(ple_ids)
+        rows = self.ple_host.index_select(0, ple_ids.to("cpu"))
+        return rows.to(self.embed_tokens.weight.device)
+
+    def per_layer_inputs(
+        self, embeds: torch.Tensor, ple_ids: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[T, L, P]; see the module docstring. `rows`: the table's rows for ple_ids, already
+        gathered (a fixed-shape step's staged input)."""
         T, L, P = embeds.shape[0], self.spec.num_layers, self.spec.per_layer_input_size
-        scale = torch.tensor(P**0.5, dtype=self.embed_tokens_per_layer.weight.dtype)
-        tok = (self.embed_tokens_per_layer(ple_ids) * scale).view(T, L, P)
+        rows = self.ple_rows(ple_ids) if rows is None else rows  # [T, L * P]
+        tok = (rows * torch.tensor(P**0.5, dtype=rows.dtype)).view(T, L, P)
         ctx = self.per_layer_model_projection(embeds) * self.spec.hidden_size**-0.5
         ctx = self.per_layer_projection_norm(ctx.view(T, L, P))
         return (ctx + tok) * 2.0**-0.5
@@ -224,8 +247,9 @@ class GemmaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         cache: KVCache,
         keep: torch.Tensor | None = None,  # [K] chunk indices whose hidden states are returned; None = all
+        ple_rows: torch.Tensor | None = None,  # [T, L * P] the PLE table's rows, gathered by the caller
     ) -> torch.Tensor:
-        ple = self.per_layer_inputs(embeds, ple_ids) if self.spec.per_layer_input_size else None
+        ple = self.per_layer_inputs(embeds, ple_ids, ple_rows) if self.spec.per_layer_input_size else None
         self.reserve_positions(max(meta.end, max(meta.row_positions) + 1 if meta.row_positions else 0))
         if self.fused_decode and meta.decode_like:
             first = meta.row_caches[0]

@@ -136,7 +136,8 @@ def assemble(
     model.load_state_dict(state, assign=True)
     state.clear()  # the model holds the tensors now; build_kernels re-lays the layers out
     model.requires_grad_(False)  # inference only: no autograd graph may hold intermediates of loading
-    return model.to_device(device).eval().build_kernels(screen_codes)
+    # Off the CPU the PLE table stays in host memory (models/gemma.py); on it, it is mapped from the file.
+    return model.to_device(device, ple_on_host=device.type != "cpu").eval().build_kernels(screen_codes)
 
 
 def check_present(required: dict[str, list[str]], tensors: Mapping[str, torch.Tensor], what: str) -> None:
@@ -177,7 +178,7 @@ def fill_state(
             raise ValueError(
                 f"tensor {names} has shape {tuple(value.shape)}, the config implies {tuple(expected[key].shape)}"
             )
-        state[key] = value.to(device)
+        state[key] = value if key == "embed_tokens_per_layer.weight" else value.to(device)  # stays in host memory
     return state
 
 
