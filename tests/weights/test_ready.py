@@ -110,3 +110,20 @@ def test_loading_leaves_about_the_tensors_bytes_resident(tmp_path):
     assert r["weights"] > 120 * 2**20, r  # large enough for the bound to mean something
     assert r["growth"] <= held + 2**29, r
     assert r["peak"] <= 1.4 * r["after"], r  # measured 1.33x here (the embedded model: 1.07x)
+
+
+def test_tables_a_folder_stores_as_they_run_are_mapped_from_it_not_cached(tiny_e4b, tmp_path, monkeypatch):
+    """Quantising an fp32 Gemma 4 on load, in fp32: the cached state holds the codes but not
+    the embedding or PLE tables (the folder has them as they run); a warm load maps them from
+    the folder and gives the same tokens."""
+    from fastgemma.weights.ready import read_safetensors
+
+    monkeypatch.setenv("FASTGEMMA_CACHE", str(tmp_path / "cache"))
+    opts = dict(device="cpu", dtype="float32", quantization="int8", max_model_len=64, max_num_seqs=1)
+    want = LLM(str(tiny_e4b), **opts).generate([[5, 6, 7]], GREEDY)[0].token_ids
+    (entry,) = (tmp_path / "cache" / "ready").iterdir()
+    cached = read_safetensors(entry / "state.safetensors")
+    assert any(k.endswith(".qweight") for k in cached)
+    assert "embed_tokens.weight" not in cached and "embed_tokens_per_layer.weight" not in cached
+    warm = LLM(str(tiny_e4b), **opts)
+    assert warm.generate([[5, 6, 7]], GREEDY)[0].token_ids == want

@@ -17,7 +17,7 @@ per-position acceptance).
 Memory: each engine (llama.cpp's and transformers' too) is loaded and warmed up in turn;
 the resident memory that added and its peak during it are reported ("+MiB (peak)"; the
 process's peak is reset before each, Linux `clear_refs`), with the GPU's peak allocation on
-CUDA, and the process's overall peak.
+CUDA, and the process's overall peak; and the seconds each took to load.
 Greedy identity: each fastgemma engine's outputs are compared, prompt by prompt, with its
 configuration's plain path (`EngineConfig.plain()`, loaded as a second engine after the
 timed runs: one op at a time, full lm_head, no drafting); they must agree. `ppl_records` > 0 also scores that many challenge PPL records per
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,12 +142,14 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict[str, Any]:
 
     def add(make: Callable[[], Any]) -> Any:
         meter = MemoryMeter(device)
+        t0 = time.perf_counter()
         engine = make()
+        load_s = time.perf_counter() - t0
         if not prompts:  # the first engine is ours: its tokenizer builds the prompts
             prompts.extend(engine.llm.chat_prompt_ids([{"role": "user", "content": t}]) for t in texts)
         for _ in range(cfg.warmup):
             engine.run(prompts[0][:64], 8)
-        memory[engine.name] = meter.read()
+        memory[engine.name] = {**meter.read(), "load_s": load_s}
         engines.append(engine)
         return engine
 

@@ -25,7 +25,7 @@ from fastgemma.weights.checkpoint import (
     open_tensors,
     tower_name,
 )
-from fastgemma.weights.loader import assemble, checkpoint_state
+from fastgemma.weights.loader import MAPPED, assemble, checkpoint_state
 from fastgemma.weights.quantize import checkpoint_scheme
 from fastgemma.weights.ready import ReadyEntry
 from fastgemma.weights.source import ModelSource, resolve_model
@@ -64,9 +64,17 @@ def load(config: EngineConfig) -> LoadedModel:
         state = checkpoint_state(
             spec, tensors, dtype, device, max_model_len, stored, quantize_to=None if stored is not None else wanted
         )
+        # Embedding tables a folder stores as they run are mapped from it (loader.MAPPED), not copied
+        in_source = {k for k in MAPPED if k in state and source.kind == "folder" and tensors.dtype(k) == dtype}
         tensors.close()
         if converts:
-            ready.write("state", state)
+            ready.write("state", {k: v for k, v in state.items() if k not in in_source})
+    elif source.kind == "folder":  # the tables the entry left in the source
+        tensors = open_tensors(source)
+        for key in MAPPED:
+            if key not in state and key in tensors and (mapped := tensors.mapped(key, dtype)) is not None:
+                state[key] = mapped
+        tensors.close()
     screen = ready.read("screen") if device.type == "cpu" and kernels.lm_head_screen else None
     model = assemble(
         spec, state, dtype, device, max_model_len, scheme, kernels,

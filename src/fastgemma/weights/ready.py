@@ -5,7 +5,8 @@ cache (`<cache>/ready/<model>-<path hash>-<dtype>-<quantization>/`):
 - `state.safetensors`: the decoder's state dict (our names, in the dtype it runs in, quantised
   linears as codes and scales), written when loading converted something — a GGUF's
   dequantisation, or quantising on load. A bf16 safetensors folder is already in that form
-  and gets none;
+  and gets none; embedding tables such a folder stores as they run (Gemma 4's PLE table:
+  5.6 GB for E4B) are left out and mapped from the folder itself;
 - `screen.safetensors`: the exact lm_head screen's int8 codes, scales and bounds.
 A warm load then reads tensors straight into place: no GGUF parsing, no re-quantising, no
 re-building the screen. `source.json` records what the entry was made from (the files'
