@@ -33,3 +33,25 @@ def test_bf16_gelu_table_is_torchs_gelu():
 def test_fp32_gelu_is_torchs():
     x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
     assert torch.equal(gelu_tanh(x), F.gelu(x, approximate="tanh"))
+
+
+def test_a_grown_rope_table_has_the_rows_of_a_shorter_one():
+    """Tables grow with the positions used (models/gemma.py `reserve_positions`): a longer
+    table's first rows are the shorter one's, bit for bit, for both RoPE kinds of Gemma 4."""
+    from fastgemma.models.layers import ROPE_BLOCK, rope_table
+    from fastgemma.models.spec import arch_spec_from_config
+    from tests import tiny_models
+
+    spec = arch_spec_from_config(tiny_models.gemma4_e4b_like_config())
+    for kind, rope in spec.rope.items():
+        hd = next(layer.head_dim for layer in spec.layers if layer.layer_type == kind)
+        short = rope_table(rope, hd, ROPE_BLOCK)
+        long = rope_table(rope, hd, 2 * ROPE_BLOCK + 5)
+        assert long[0].shape == (2 * ROPE_BLOCK + 5, hd)
+        assert torch.equal(long[0][:ROPE_BLOCK], short[0]) and torch.equal(long[1][:ROPE_BLOCK], short[1])
+        # and the rows of a table computed in one op, as before the tables grew
+        from fastgemma.models.layers import rope_inv_freq
+
+        freqs = torch.arange(2 * ROPE_BLOCK + 5).float()[:, None] * rope_inv_freq(rope, hd)[None, :]
+        whole = torch.cat([freqs, freqs], dim=-1)
+        assert torch.equal(long[0], whole.cos()) and torch.equal(long[1], whole.sin())

@@ -12,11 +12,11 @@ Gemma layers are sliding rings, which are per sequence whatever the layout (a ri
 overwritten as the sequence advances), and the full layers are the rest; a shared prompt
 prefix (n > 1, prefix caching) is then a copy of the prefix's slots into another slot
 (`KVCachePool.copy`), a bandwidth-bound copy far cheaper than the prefill it saves, giving the
-same bits as computing it. What paging would save is the full layers' unused tail per slot; instead a pool sizes the
-full layers to what is used: `capacity` positions per slot, starting at `INITIAL_CAPACITY`
-and doubled (up to max_model_len) when a chunk or row would reach past it — the buffers are
-reallocated with the old contents copied, between forwards (`KVCachePool.reserve`, called
-by `metadata` / `decode_metadata`); `generation` counts the reallocations, so that whoever
+same bits as computing it. What paging would save is the full layers' unused tail per
+slot; instead a pool sizes the full layers to what is used: `capacity` positions per slot,
+starting at `INITIAL_CAPACITY` and doubled (up to max_model_len) when a chunk or row would
+reach past it — the buffers are reallocated with the old contents copied, between forwards
+(`KVCachePool.reserve`, called by `metadata` / `decode_metadata`); `generation` counts the reallocations, so that whoever
 keeps buffer addresses (kernels/decode_layers.py) knows to take them again. A pool for
 fixed-shape steps (scratch slot: CUDA graphs keep addresses) is allocated whole.
 

@@ -5,8 +5,9 @@
 
 `run_server` is where a `fastgemma serve` process starts: it binds its port first (a port
 in use fails at once, before minutes of loading), sets the CPU thread count once, loads the
-engine, prints the KV cache's size, and prints "serving ..." once uvicorn accepts requests. `settings_from_env` fills unset settings from the environment
-(`MODEL_ID`, `SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
+engine, prints the KV cache's size, and prints "serving ..." once uvicorn accepts requests.
+`settings_from_env` fills unset settings from the environment (`MODEL_ID`,
+`SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
 """
 
 from __future__ import annotations

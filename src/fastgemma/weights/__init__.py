@@ -10,7 +10,7 @@ checkpoint is a multimodal Gemma 4 (always, no flag turns them off), and the tok
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastgemma.config import EngineConfig
 from fastgemma.memory import release_free_memory
@@ -30,6 +30,11 @@ from fastgemma.weights.quantize import checkpoint_scheme
 from fastgemma.weights.ready import ReadyEntry
 from fastgemma.weights.source import ModelSource, resolve_model
 
+if TYPE_CHECKING:
+    import torch
+
+    from fastgemma.kernels.quant import QuantScheme
+
 
 @dataclass
 class LoadedModel:
@@ -41,6 +46,39 @@ class LoadedModel:
     quantization: str  # the scheme the decoder runs with ("none" when unquantised)
     hf_config: Any  # transformers' config of the checkpoint (placeholder ids, tower configs)
     towers: MultimodalTowers | None = None  # Gemma 4 vision / audio towers, when the checkpoint has them
+
+
+def _decoder_state(
+    source: ModelSource,
+    spec: ArchSpec,
+    ready: ReadyEntry,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    stored: QuantScheme | None,
+    quantize_to: QuantScheme | None,
+) -> dict[str, torch.Tensor]:
+    """The decoder's state dict: from the ready entry when this load converts something (a
+    GGUF, quantising on load; on the CPU) and the entry holds it, else from the checkpoint —
+    then written to the entry for the next load. Embedding tables a folder stores as they
+    run are mapped from the folder (loader.MAPPED), never copied into the entry."""
+    converts = device.type == "cpu" and (source.kind == "gguf" or quantize_to is not None)
+    state = ready.read("state") if converts else None
+    if state is not None:
+        if source.kind == "folder":  # the tables the entry left in the folder
+            tensors = open_tensors(source)
+            for key in MAPPED:
+                if key not in state and key in tensors and (mapped := tensors.mapped(key, dtype)) is not None:
+                    state[key] = mapped
+            tensors.close()
+        return state
+    tensors = open_tensors(source)
+    state = checkpoint_state(spec, tensors, dtype, device, max_model_len, stored, quantize_to)
+    in_folder = {k for k in MAPPED if k in state and source.kind == "folder" and tensors.dtype(k) == dtype}
+    tensors.close()
+    if converts:
+        ready.write("state", {k: v for k, v in state.items() if k not in in_folder})
+    return state
 
 
 def load(config: EngineConfig) -> LoadedModel:
@@ -57,24 +95,8 @@ def load(config: EngineConfig) -> LoadedModel:
     dtype, device, kernels = config.torch_dtype(), config.torch_device(), config.kernel_choice()
     scheme = stored or wanted
     ready = ReadyEntry(source, dtype, scheme.name if scheme else "none")
-    converts = device.type == "cpu" and (source.kind == "gguf" or (stored is None and wanted is not None))
-    state = ready.read("state") if converts else None
-    if state is None:
-        tensors = open_tensors(source)
-        state = checkpoint_state(
-            spec, tensors, dtype, device, max_model_len, stored, quantize_to=None if stored is not None else wanted
-        )
-        # Embedding tables a folder stores as they run are mapped from it (loader.MAPPED), not copied
-        in_source = {k for k in MAPPED if k in state and source.kind == "folder" and tensors.dtype(k) == dtype}
-        tensors.close()
-        if converts:
-            ready.write("state", {k: v for k, v in state.items() if k not in in_source})
-    elif source.kind == "folder":  # the tables the entry left in the source
-        tensors = open_tensors(source)
-        for key in MAPPED:
-            if key not in state and key in tensors and (mapped := tensors.mapped(key, dtype)) is not None:
-                state[key] = mapped
-        tensors.close()
+    quantize_to = None if stored is not None else wanted
+    state = _decoder_state(source, spec, ready, dtype, device, max_model_len, stored, quantize_to)
     screen = ready.read("screen") if device.type == "cpu" and kernels.lm_head_screen else None
     model = assemble(
         spec, state, dtype, device, max_model_len, scheme, kernels,

@@ -32,7 +32,7 @@ def output_dtype(name: str, default: torch.dtype | None) -> torch.dtype | None:
 def convert_to_hf_folder(model: str | None, out: Path, dtype: str = "auto") -> Path:
     from safetensors.torch import save_file
 
-    from fastgemma.weights.ready import with_normal_permissions
+    from fastgemma.paths import with_normal_permissions
 
     source = resolve_model(model)
     if source.kind != "gguf":

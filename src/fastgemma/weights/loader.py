@@ -7,6 +7,9 @@ k/v weights, which Google's Gemma 4 checkpoints carry and re-saved ones omit, ar
 either way. A tensor the decoder needs and the checkpoint lacks is an error naming it.
 A quantised checkpoint (weights/quantize.py) has `qweight` + `scales` in place of the body
 linears' `weight`: they are concatenated the same way and loaded into quantised `Linear`s.
+
+Two steps: `checkpoint_state` (checkpoint tensors -> our state dict, which the ready cache
+may keep: weights/ready.py) and `assemble` (state dict -> the built model).
 """
 
 from __future__ import annotations
@@ -59,24 +62,6 @@ def required_tensors(spec: ArchSpec) -> dict[str, list[str]]:
     return req
 
 
-def load_model(
-    spec: ArchSpec,
-    tensors: Mapping[str, torch.Tensor],
-    dtype: torch.dtype,
-    device: torch.device,
-    max_model_len: int,
-    stored: QuantScheme | None = None,
-    quantize_to: QuantScheme | None = None,
-    kernels: KernelChoice = KernelChoice(),
-) -> GemmaForCausalLM:
-    """Build the decoder on `device` in `dtype` from `tensors` (decoder names, any dtype).
-    `stored`: the checkpoint's quantisation (its body linears are codes and scales);
-    `quantize_to`: quantise an unquantised checkpoint's body linears from the stored
-    weights (before rounding to `dtype`, as `fastgemma quantize` does); `kernels`: what the model is built with (models/gemma.py)."""
-    state = checkpoint_state(spec, tensors, dtype, device, max_model_len, stored, quantize_to)
-    return assemble(spec, state, dtype, device, max_model_len, stored or quantize_to, kernels)
-
-
 def checkpoint_state(
     spec: ArchSpec,
     tensors: Mapping[str, torch.Tensor],
@@ -87,7 +72,12 @@ def checkpoint_state(
     quantize_to: QuantScheme | None = None,
 ) -> dict[str, torch.Tensor]:
     """The decoder's state dict (our names: fused q/k/v and gate/up, norm scales, codes and
-    scales of quantised linears) from checkpoint tensors, as `load_model` describes."""
+    scales of quantised linears) from checkpoint `tensors` (decoder names, any dtype), in
+    `dtype` on `device`. `stored`: the checkpoint's quantisation (its body linears are codes
+    and scales); `quantize_to`: quantise an unquantised checkpoint's body linears from the
+    stored weights (before rounding to `dtype`, as `fastgemma quantize` does). Embedding
+    tables stored in `dtype` are mapped from the file on the CPU (`MAPPED`); the PLE table
+    stays in host memory whatever the device (models/gemma.py)."""
     assert stored is None or quantize_to is None
     required = required_tensors(spec)
     scheme = stored or quantize_to

@@ -86,9 +86,9 @@ def write_quantized_folder(model: str | None, scheme_name: str, out: Path, dtype
     in bfloat16, as convert.py), a slice of rows at a time."""
     from safetensors.torch import save_file
 
+    from fastgemma.paths import with_normal_permissions
     from fastgemma.weights.checkpoint import gguf_meta_folder, open_tensors, tower_name
     from fastgemma.weights.convert import output_dtype
-    from fastgemma.weights.ready import with_normal_permissions
     from fastgemma.weights.source import resolve_model
 
     scheme = QuantScheme.parse(scheme_name)

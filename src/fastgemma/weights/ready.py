@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from fastgemma.paths import cache_dir
+from fastgemma.paths import cache_dir, with_normal_permissions
 from fastgemma.weights.checkpoint import map_region
 from fastgemma.weights.loader import MAPPED
 from fastgemma.weights.source import ModelSource
@@ -116,15 +116,6 @@ def read_safetensors(path: Path, mapped: tuple[str, ...] = ()) -> dict[str, torc
                 raise ValueError(f"{path}: {name} is cut short")
             out[name] = t
     return out
-
-
-def with_normal_permissions(folder: Path) -> None:
-    """Files in `folder` readable as the umask allows (safetensors writes them 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for f in folder.iterdir():
-        if f.is_file():
-            f.chmod(0o666 & ~umask)
 
 
 def _prune(root: Path) -> None:
