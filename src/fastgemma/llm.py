@@ -32,12 +32,14 @@ from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence
+from fastgemma.engine.structured_output import GrammarCompiler
 from fastgemma.kernels.cpu import set_cpu_threads
 from fastgemma.models.towers import MultimodalInputs
 from fastgemma.multimodal.chat import split_media
 from fastgemma.multimodal.processor import MultimodalProcessor
 from fastgemma.outputs import CompletionOutput, RequestOutput, StreamDelta
 from fastgemma.tokenizer import IncrementalDecoder
+from fastgemma.tools import prompt_messages
 from fastgemma.weights import load
 from fastgemma.weights.assistant import load_assistant
 
@@ -88,8 +90,10 @@ class LLM:
                 loaded.model.kernels,
             )
             proposer = MtpProposer(assistant, loaded.model, self.runner.cache, c.num_speculative_tokens)
+        grammars = GrammarCompiler(self.tokenizer.hf, loaded.spec.vocab_size, loaded.spec.eos_token_ids)
         self.engine = LLMEngine(
-            self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer, c.max_num_batched_tokens
+            self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer, c.max_num_batched_tokens,
+            grammars,
         )
 
     @classmethod
@@ -112,8 +116,11 @@ class LLM:
             return list(prompt)
         raise ValueError("a prompt is a string or a list of integer token ids")
 
-    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The templated conversation's ids; `tools` as fastgemma.tools renders them for this
+        template (listed in a system message unless the template renders them itself)."""
+        messages, template_tools = prompt_messages(messages, tools, "auto", self.tokenizer.renders_tools)
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=template_tools)
         self.check_text_fits(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -154,14 +161,15 @@ class LLM:
         return self.processor.process(ids, images, audios)
 
     def chat_inputs(
-        self, messages: list[dict[str, Any]], allow_remote_media: bool = False
+        self, messages: list[dict[str, Any]], allow_remote_media: bool = False, tools: list[dict[str, Any]] | None = None
     ) -> tuple[list[int], MultimodalInputs | None]:
-        """Chat messages with OpenAI-style content parts (multimodal/chat.py) -> (ids, tower inputs)."""
+        """Chat messages with OpenAI-style content parts (multimodal/chat.py) and OpenAI tool
+        objects offered to the model (fastgemma/tools.py) -> (ids, tower inputs)."""
         hf, p = self.tokenizer.hf, self.processor
         image_token = hf.convert_ids_to_tokens(p.image_token_id) if p is not None and hf is not None else ""
         audio_token = hf.convert_ids_to_tokens(p.audio_token_id) if p is not None and hf is not None else ""
         media = split_media(messages, image_token, audio_token, self.tokenizer.has_chat_template, allow_remote_media)
-        return self.process_media(self.chat_prompt_ids(media.messages), media.images, media.audios)
+        return self.process_media(self.chat_prompt_ids(media.messages, tools), media.images, media.audios)
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -196,10 +204,12 @@ class LLM:
         messages: list[dict[str, Any]],
         sampling_params: SamplingParams | None = None,
         allow_remote_media: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> RequestOutput:
         """One chat turn; content parts may carry images and audio (multimodal/chat.py).
-        Remote image URLs are fetched only with `allow_remote_media`."""
-        ids, mm = self.chat_inputs(messages, allow_remote_media)
+        Remote image URLs are fetched only with `allow_remote_media`. `tools`: OpenAI tool
+        objects offered to the model (calls come back as text: fastgemma.tools.parse_tool_calls)."""
+        ids, mm = self.chat_inputs(messages, allow_remote_media, tools)
         self.engine.validate_prompt(ids)
         text, seq = "", None
         for delta, seq in self.stream_ids(ids, sampling_params or SamplingParams(), mm):  # noqa: B007

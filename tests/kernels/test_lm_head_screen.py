@@ -15,7 +15,7 @@ import torch
 
 from fastgemma import LLM, SamplingParams
 from fastgemma.kernels import native
-from fastgemma.kernels.lm_head_screen import LmHeadScreen
+from fastgemma.kernels.lm_head_screen import LmHeadScreen, unpack_bitmask
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
 
@@ -132,6 +132,61 @@ def test_native_selection_is_the_definition(cap, dtype):
         best = finalize((approx - err).to(dtype)).max()
         expected = (finalize((approx + err).to(dtype)) >= best).nonzero()[:, 0]
         assert count == expected.numel() and torch.equal(screen.ids[:count], expected)
+
+
+def _bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [V] -> int32 [ceil(V / 32)] (bit i & 31 of word i >> 5)."""
+    padded = torch.zeros((allowed.numel() + 31) // 32 * 32, dtype=torch.int64)
+    padded[: allowed.numel()] = allowed.long()
+    words = (padded.view(-1, 32) << torch.arange(32)).sum(1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _masks(V: int, g: torch.Generator):
+    """Allowed sets as a grammar makes them: a few ids, a tenth, most, every one."""
+    yield torch.zeros(V, dtype=torch.bool).index_fill_(0, torch.randint(0, V, (3,), generator=g), True)
+    yield torch.rand(V, generator=g) < 0.1
+    yield torch.rand(V, generator=g) < 0.9
+    yield torch.ones(V, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("cap", [None, 30.0])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_masked_screen_is_the_plain_masked_argmax(cap, dtype):
+    """With a grammar's bitmask the screen gives the lowest allowed id of the largest allowed
+    logit, and its candidates are allowed rows within the allowed rows' bounds (the native
+    selection restricted to them), so it stays a screen, not a fallback to the full head."""
+    if dtype == torch.float32 and cap is not None:
+        pytest.skip("fp32 with a softcap: the screen is off by design")
+    weight = _weight(8192, 640, dtype, seed=7)
+    finalize = (lambda x: x) if cap is None else _softcap(cap)
+    screen = LmHeadScreen(weight, finalize)
+    g = torch.Generator().manual_seed(2)
+    screened = 0
+    for h in _hidden_states(screen, dtype, n=30):
+        plain = finalize(_fp32_sums(weight, h).to(dtype))
+        for allowed in _masks(weight.shape[0], g):
+            mask = _bitmask(allowed)
+            assert torch.equal(unpack_bitmask(mask, weight.shape[0]), allowed)
+            want = int(torch.argmax(plain.masked_fill(~allowed, float("-inf"))))
+            assert screen.argmax(h[None], [mask])[0] == want
+            approx, err, count = next(screen.bounds(h[None], [mask]))
+            best = finalize((approx - err).to(dtype))[allowed].max()
+            expected = (allowed & (finalize((approx + err).to(dtype)) >= best)).nonzero()[:, 0]
+            assert count == expected.numel() and torch.equal(screen.ids[:count], expected)
+            screened += count < weight.shape[0] // 8
+    assert screened > 60  # most of the 120 (state, mask) pairs were decided by the screen
+
+
+def test_masked_full_head_fallback_stays_masked():
+    weight = _weight(1024, 640, torch.bfloat16)
+    screen = LmHeadScreen(weight, lambda x: x)
+    flat = torch.zeros(1, 640, dtype=torch.bfloat16)  # every logit 0: the lowest allowed id wins
+    few = torch.zeros(1024, dtype=torch.bool)
+    few[[700, 900]] = True
+    assert screen.argmax(flat, [_bitmask(few)])[0] == 700 and screen.last_candidates == 2
+    most = torch.arange(1024) >= 100  # too many candidates: the full head, masked
+    assert screen.argmax(flat, [_bitmask(most)])[0] == 100 and screen.last_candidates == 1024
 
 
 def test_non_monotone_post_processing_is_refused():

@@ -8,6 +8,13 @@
             # per sequence [last token, *draft] -> runner.decode_batch -> accept -> postprocess
         return the sequences that got tokens
 
+Structured outputs (engine/structured_output.py): a constrained sequence carries its grammar;
+before each of its rows is picked the grammar gives the allowed ids (a bitmask per row, a
+draft first cut to what the grammar accepts). Greedy rows take the best allowed token (the
+lm_head screen ranks allowed ids only), sampled rows draw from the logits masked to -inf
+outside the grammar; each emitted token advances the grammar, and a complete grammar ends
+the sequence ("stop"). Logprobs stay the model's own (vLLM's raw logprobs).
+
 Drafters: n-gram lookup (engine/ngram.py) or the Gemma 4 MTP assistant (engine/mtp.py),
 which also reads `seq.target_hidden`: the target's hidden row behind the last emitted token.
 Rows of a step: every decoding sequence gets one; the rest of `NATIVE_MAX_ROWS` (one
@@ -35,7 +42,9 @@ from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.scheduler import Scheduler
 from fastgemma.engine.sequence import Sequence
 from fastgemma.engine.speculative import SpecStats, accept_greedy, accept_sampled
+from fastgemma.engine.structured_output import GrammarCompiler
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
+from fastgemma.kernels.lm_head_screen import masked
 from fastgemma.models.towers import MultimodalInputs
 
 
@@ -47,9 +56,10 @@ class LLMEngine:
         vocab_size: int,
         proposer: NgramProposer | MtpProposer | None = None,
         max_num_batched_tokens: int | None = None,
+        grammars: GrammarCompiler | None = None,
     ):
         self.runner, self.eos_token_ids, self.vocab_size = runner, set(eos_token_ids), vocab_size
-        self.proposer = proposer
+        self.proposer, self.grammars = proposer, grammars
         self.spec_stats = SpecStats()
         budget = max_num_batched_tokens or runner.prefill_chunk + runner.pool.num_seqs
         self.scheduler = Scheduler(runner.pool.num_seqs, budget, runner.prefill_chunk)
@@ -64,6 +74,10 @@ class LLMEngine:
         """`multimodal`: tower inputs for the prompt's soft-token slots (used at prefill only)."""
         self.validate_prompt(prompt_token_ids)
         seq = Sequence(list(prompt_token_ids), params, multimodal=multimodal)
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                raise ValueError("structured outputs need the model's tokenizer, which this engine was built without")
+            seq.grammar = self.grammars.compile(params.structured_outputs)
         if not params.greedy:
             seq.generator = torch.Generator(device=self.runner.device)
             seq.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ())))
@@ -123,7 +137,8 @@ class LLMEngine:
         last = seq.num_computed_tokens == seq.num_prompt_tokens
         greedy = seq.params.greedy and seq.params.logprobs is None  # the token only: no full logits needed
         out = None if not last else "greedy" if greedy else "logits"
-        first = self.runner.prefill_from(seq.prompt_token_ids, start, seq.slot, seq.soft, out)
+        allowed = seq.grammar.bitmask() if last and seq.grammar is not None else None
+        first = self.runner.prefill_from(seq.prompt_token_ids, start, seq.slot, seq.soft, out, allowed)
         if not last:
             return False
         seq.soft = None
@@ -131,26 +146,34 @@ class LLMEngine:
         if greedy:
             self.postprocess(seq, [first], None)
         else:
-            self.postprocess(seq, [sample(first, seq.params, seq.generator)], first[None])
+            pick = first if allowed is None else masked(first, allowed)
+            self.postprocess(seq, [sample(pick, seq.params, seq.generator)], first[None])
         return True
 
     def decode(self, seqs: list[Sequence]) -> None:
         """One decode-like step for every sequence: its last token and its drafts."""
-        drafts = self.propose_all(seqs)
+        drafts, masks = [], []
+        for seq, draft in zip(seqs, self.propose_all(seqs)):
+            mask = None
+            if seq.grammar is not None:  # the draft cut to what the grammar accepts; a mask per row
+                draft, mask = seq.grammar.verification(draft)
+            drafts.append(draft)
+            masks.append(mask)
         batch = [
             DecodeRows(seq.slot, [seq.last_token_id, *draft], seq.num_tokens - 1,
-                       greedy=seq.params.greedy and seq.params.logprobs is None)
-            for seq, draft in zip(seqs, drafts)
+                       greedy=seq.params.greedy and seq.params.logprobs is None, allowed=mask)
+            for seq, draft, mask in zip(seqs, drafts, masks)
         ]
         for seq, draft, rows, out in zip(seqs, drafts, batch, self.runner.decode_batch(batch)):
+            logits = out.logits  # the model's own (None for greedy rows): logprobs report these
             if rows.greedy:
-                logits, tokens = None, accept_greedy(draft, out.tokens)
-            elif seq.params.greedy:  # greedy with logprobs
-                logits = out.logits
-                tokens = accept_greedy(draft, torch.argmax(logits, dim=-1).tolist())
+                tokens = accept_greedy(draft, out.tokens)
             else:
-                logits = out.logits
-                tokens = accept_sampled(draft, logits, seq.params, seq.generator)
+                pick = logits if rows.allowed is None else masked(logits, rows.allowed)
+                if seq.params.greedy:  # greedy with logprobs
+                    tokens = accept_greedy(draft, torch.argmax(pick, dim=-1).tolist())
+                else:
+                    tokens = accept_sampled(draft, pick, seq.params, seq.generator)
             if draft:
                 self.spec_stats.record(len(draft), len(tokens) - 1)
             seq.target_hidden = out.hidden[len(tokens) - 1]
@@ -199,10 +222,12 @@ class LLMEngine:
             seq.output_token_ids.append(token_id)
             if seq.params.logprobs is not None:
                 seq.output_logprobs.append(_token_logprobs(rows[i], token_id, seq.params.logprobs))
+            if seq.grammar is not None:
+                seq.grammar.accept(token_id)
             p = seq.params
             if not p.ignore_eos and token_id in self.eos_token_ids:
                 self.finish(seq, "stop")
-            elif token_id in p.stop_token_ids:
+            elif token_id in p.stop_token_ids or (seq.grammar is not None and seq.grammar.is_terminated):
                 self.finish(seq, "stop")
             elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                 self.finish(seq, "length")

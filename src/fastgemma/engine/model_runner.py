@@ -5,17 +5,18 @@ sequence, handed out by the engine's scheduler) and turns token ids into logits.
 nothing of sampling, stopping or text. Every method takes the cache slot it works on
 (default 0: the one-sequence API that tests and tools use).
 
-- `prefill_from(ids, start, slot, soft, out)`: ids[start : start + prefill_chunk] into the
-  slot; its last row's logits (`out="logits"`), greedy token (`"greedy"`: the model may pick
-  it through the exact lm_head screen, without reading the full lm_head) or nothing (None:
-  a chunk before the prompt's last). Chunks start at multiples of `prefill_chunk` (absolute positions),
+- `prefill_from(ids, start, slot, soft, out, allowed)`: ids[start : start + prefill_chunk]
+  into the slot; its last row's logits (`out="logits"`), greedy token (`"greedy"`: the model
+  may pick it through the exact lm_head screen, without reading the full lm_head; among the
+  ids the grammar bitmask `allowed` lets through, when given) or nothing (None: a chunk
+  before the prompt's last). Chunks start at multiples of `prefill_chunk` (absolute positions),
   so a prompt's numbers do not depend on when its chunks run or what runs beside them.
   `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first.
 - `prefill(ids, multimodal, slot)`: a whole prompt, chunk after chunk; last logits.
 - `decode_batch(rows)`: one decode-like forward over rows of many sequences, each
-  `DecodeRows(slot, ids, position, greedy)` (the last token and any drafted ones at
-  positions position..); per sequence the greedy tokens or the logits [K + 1, V] and its
-  hidden rows. Every row is bit for bit its sequence's one-token step (models/kv_cache.py),
+  `DecodeRows(slot, ids, position, greedy, allowed)` (the last token and any drafted ones at
+  positions position..; greedy rows pick among the ids of their grammar bitmask, if any);
+  per sequence the greedy tokens or the logits [K + 1, V] and its hidden rows. Every row is bit for bit its sequence's one-token step (models/kv_cache.py),
   so a sequence's output does not depend on its neighbours. With the row-invariant native
   kernels (`batched`) all rows share one forward (at most `NATIVE_MAX_ROWS`, split into
   several forwards beyond); otherwise each sequence runs its own.
@@ -40,6 +41,7 @@ import torch
 
 from fastgemma.engine.static_step import StaticStep
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
+from fastgemma.kernels.lm_head_screen import masked
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.kv_cache import KVCache, KVCachePool, decode_metadata
 from fastgemma.models.towers import MultimodalInputs, MultimodalTowers
@@ -55,6 +57,7 @@ class DecodeRows:
     ids: list[int]  # [K + 1]
     position: int  # of ids[0]
     greedy: bool  # only argmaxes wanted (the lm_head screen may pick them)
+    allowed: torch.Tensor | None = None  # [K + 1, W] int32 grammar bitmasks of greedy rows (engine/structured_output.py)
 
 
 @dataclass
@@ -132,11 +135,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill_from(
-        self, ids: list[int], start: int, slot: int = 0, soft: Soft | None = None, out: str | None = "logits"
+        self,
+        ids: list[int],
+        start: int,
+        slot: int = 0,
+        soft: Soft | None = None,
+        out: str | None = "logits",
+        allowed: torch.Tensor | None = None,
     ) -> torch.Tensor | int | None:
         """Write ids[start : start + prefill_chunk] (positions start..; start a multiple of
         prefill_chunk) into the slot; return the chunk's last row's logits [V] (`out`
-        "logits"), its greedy token ("greedy") or None (None)."""
+        "logits"), its greedy token ("greedy"; among the ids of the bitmask `allowed` [W]
+        when given) or None (None)."""
         assert start % self.prefill_chunk == 0, (start, self.prefill_chunk)
         chunk = ids[start : start + self.prefill_chunk]
         last = torch.tensor([len(chunk) - 1], device=self.device)
@@ -146,7 +156,7 @@ class ModelRunner:
             part = (soft[0][first : first + int(mask.sum())], mask)
         hidden = self.last_hidden = self._forward(chunk, start, last, slot, soft=part)
         if out == "greedy":
-            return self.model.greedy_tokens(hidden)[0]
+            return self.model.greedy_tokens(hidden, None if allowed is None else [allowed])[0]
         return self.model.compute_logits(hidden)[0] if out == "logits" else None
 
     @torch.inference_mode()
@@ -195,7 +205,11 @@ class ModelRunner:
         if self.static_steps:
             if rows.slot not in self.static:
                 self.static[rows.slot] = StaticStep(self.model, self.pool.seqs[rows.slot], use_graph=not self.enforce_eager)
-            step = self.static[rows.slot].run(rows.ids, rows.position, want_logits=not rows.greedy)
+            constrained = rows.greedy and rows.allowed is not None  # the graph's argmax knows no grammar
+            step = self.static[rows.slot].run(rows.ids, rows.position, want_logits=not rows.greedy or constrained)
+            if constrained:
+                tokens = torch.argmax(masked(step.logits, rows.allowed.to(step.logits.device)), dim=-1).tolist()
+                return DecodeResult(tokens, None, step.hidden)
             return DecodeResult(step.tokens if rows.greedy else None, step.logits, step.hidden)
         return self._decode_rows([rows])[0]
 
@@ -208,10 +222,12 @@ class ModelRunner:
             meta = decode_metadata([(caches[r.slot], r.position + i) for r in batch for i in range(len(r.ids))])
         embeds, ple_ids = self.model.embed(self._ids([t for r in batch for t in r.ids]))
         hidden = self.model(embeds, ple_ids, meta, caches[batch[0].slot])  # [rows, D]
-        row_entry = [i for i, r in enumerate(batch) for _ in r.ids]  # [rows] the entry each row is of
-        greedy = [j for j, i in enumerate(row_entry) if batch[i].greedy]
-        sampled = [j for j, i in enumerate(row_entry) if not batch[i].greedy]
-        tokens = iter(self.model.greedy_tokens(hidden if not sampled else hidden[greedy]) if greedy else [])
+        row_of = [(i, k) for i, r in enumerate(batch) for k in range(len(r.ids))]  # [rows] (entry, its k-th row)
+        greedy = [j for j, (i, _) in enumerate(row_of) if batch[i].greedy]
+        sampled = [j for j, (i, _) in enumerate(row_of) if not batch[i].greedy]
+        masks = [None if batch[i].allowed is None else batch[i].allowed[k] for i, k in (row_of[j] for j in greedy)]
+        allowed = masks if any(m is not None for m in masks) else None
+        tokens = iter(self.model.greedy_tokens(hidden if not sampled else hidden[greedy], allowed) if greedy else [])
         logits = self.model.compute_logits(hidden if not greedy else hidden[sampled]) if sampled else None  # [len(sampled), V]
         out, start, done = [], 0, 0
         for r in batch:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fastgemma.engine.structured_output import StructuredOutputsParams
+
 SAMPLING_EPS = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS): no overflow, no NaN
 
 
@@ -22,6 +24,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past end-of-sequence ids
     logprobs: int | None = None  # return the top-n logprobs of each generated token
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must follow
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -40,6 +43,8 @@ class SamplingParams:
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "between 0 and 20"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
             ("seed", self.seed is None or isinstance(self.seed, int), "an integer"),
+            ("structured_outputs", self.structured_outputs is None
+             or isinstance(self.structured_outputs, StructuredOutputsParams), "a StructuredOutputsParams"),
         ]
         for name, ok, must in checks:
             if not ok:

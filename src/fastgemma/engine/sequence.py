@@ -9,6 +9,7 @@ from enum import Enum
 import torch
 
 from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.engine.structured_output import Grammar
 from fastgemma.models.towers import MultimodalInputs
 
 _ids = itertools.count()
@@ -35,6 +36,7 @@ class Sequence:
     multimodal: MultimodalInputs | None = None  # tower inputs, until prefill has merged them
     soft: tuple[torch.Tensor, ...] | None = None  # the towers' soft tokens while the prompt is prefilled
     target_hidden: torch.Tensor | None = None  # [D] the final hidden state that predicted the last token (MTP input)
+    grammar: Grammar | None = None  # its structured output's matcher (engine/structured_output.py)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -8,6 +8,8 @@
  *            nearest even, then looked up in `table` (the softcap at every bf16 number,
  *            indexed by the signed 16-bit pattern + 32768) when table is not NULL;
  *   candidates = { i : f(a[i] + err[i]) >= max_j f(a[j] - err[j]) }, written ascending to idx.
+ * With `allowed` (a bitmask [ceil(V / 32)], bit i & 31 of word i >> 5: a structured output's
+ * grammar), i and j range over the allowed rows only; NULL allows every row.
  * keep [V] is scratch. Returns the number of candidates, or -1 when some a[i] or err[i] is
  * not finite (the caller then takes the full lm_head).
  */
@@ -23,8 +25,12 @@ static inline float out_round(float x, int round_bf16, const uint16_t *table) {
     return bf16_to_f32(b);
 }
 
+static inline int is_allowed(const uint32_t *allowed, int64_t i) {
+    return !allowed || ((allowed[i >> 5] >> (i & 31)) & 1u);
+}
+
 int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V, int round_bf16,
-                      const uint16_t *table, float *err, uint8_t *keep, int64_t *idx) {
+                      const uint16_t *table, const uint32_t *allowed, float *err, uint8_t *keep, int64_t *idx) {
     float best = -INFINITY;
     int bad = 0;
     #pragma omp parallel for schedule(static) reduction(max:best) reduction(|:bad)
@@ -32,12 +38,14 @@ int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V,
         const float e = coef[i] * hnorm + fabsf(a[i]) * 0x1p-20f;
         err[i] = e;
         bad |= !isfinite(e);  /* a non-finite a[i] makes e non-finite too */
+        if (!is_allowed(allowed, i)) continue;
         const float lo = out_round(a[i] - e, round_bf16, table);
         if (lo > best) best = lo;
     }
     if (bad) return -1;
     #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < V; i++) keep[i] = out_round(a[i] + err[i], round_bf16, table) >= best;
+    for (int64_t i = 0; i < V; i++)
+        keep[i] = is_allowed(allowed, i) && out_round(a[i] + err[i], round_bf16, table) >= best;
     int64_t n = 0;
     for (int64_t i = 0; i < V; i++)
         if (keep[i]) idx[n++] = i;

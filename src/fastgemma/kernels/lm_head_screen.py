@@ -28,12 +28,17 @@ A non-finite hidden state falls back to the full lm_head, and so does a flat dis
 (more than V / 8 candidates, where gathering rows would cost more than reading them all).
 Steps 2 and 3 run natively (cpu_screen.c), as the GEMVs do. Several hidden states (a
 speculative verification) share one pass of step 1 over Q; each row is then screened alone.
+
+A row may come with the allowed tokens of a structured output's grammar (a bitmask): the
+maximum of step 3 and the candidates are then taken over the allowed rows only, and the
+argument above, read over those rows, gives the plain path's masked argmax (the lowest
+allowed id of the largest allowed f(z_i)).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -116,11 +121,14 @@ class LmHeadScreen:
     def nbytes(self) -> int:
         return self.qweight.numel() + 4 * (self.scales.numel() + self.coef.numel())
 
-    def bounds(self, hidden: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    def bounds(
+        self, hidden: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         """hidden: [T, D] -> per row (approximate logits a [V], bound e [V], candidate count or
         -1 when not finite); the candidates' ids are then the first `count` entries of
         `self.ids` (overwritten by the next row). Steps 1-3 of the module docstring, natively
-        (cpu_quant_gemv.c, cpu_screen.c); the returned tensors are views of scratch buffers."""
+        (cpu_quant_gemv.c, cpu_screen.c); the returned tensors are views of scratch buffers.
+        allowed[t]: row t's grammar bitmask (int32 [ceil(V / 32)]) or None (every token)."""
         lib = native.load()
         hf = hidden.float().contiguous()
         (V, K), T = self.qweight.shape, hidden.shape[0]
@@ -130,25 +138,47 @@ class LmHeadScreen:
         table = self.table.data_ptr() if self.table is not None else None
         for t in range(T):
             hnorm = float(torch.linalg.vector_norm(hidden[t].double())) * (1 + 2.0**-20)
+            mask = allowed[t] if allowed is not None else None
             count = lib.screen_select(
                 self.approx[t].data_ptr(), self.coef.data_ptr(), hnorm, V, self.table is not None, table,
+                None if mask is None else _bitmask_ptr(mask, V),
                 self.err.data_ptr(), self.keep.data_ptr(), self.ids.data_ptr(),
             )
             yield self.approx[t], self.err, count
 
-    def argmax(self, hidden: torch.Tensor) -> list[int]:
-        """hidden: [T, D] normed hidden states (model dtype) -> the plain path's greedy token of each row."""
+    def argmax(self, hidden: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> list[int]:
+        """hidden: [T, D] normed hidden states (model dtype) -> the plain path's greedy token of
+        each row; with allowed[t] (a grammar bitmask), its greedy token among the allowed ids."""
         tokens, self.last_candidates = [], 0
-        for t, (_, _, count) in enumerate(self.bounds(hidden)):
+        for t, (_, _, count) in enumerate(self.bounds(hidden, allowed)):
             row = hidden[t : t + 1]
-            if count < 0 or count > self.weight.shape[0] // 8:
-                # not finite, or a flat distribution: the full lm_head costs less than gathering rows
+            mask = allowed[t] if allowed is not None else None
+            if count <= 0 or count > self.weight.shape[0] // 8:
+                # not finite, a flat distribution (the full lm_head costs less than gathering
+                # rows), or nothing allowed: the full lm_head
                 full = self.finalize(linear(row, self.weight, True))[0]
                 self.last_candidates += full.shape[0]
-                tokens.append(int(torch.argmax(full)))
+                tokens.append(int(torch.argmax(full if mask is None else masked(full, mask))))
                 continue
             candidates = self.ids[:count]  # ascending
             exact = self.finalize(linear(row, self.weight.index_select(0, candidates), True))[0]
             self.last_candidates += count
             tokens.append(int(candidates[torch.argmax(exact)]))
         return tokens
+
+
+def masked(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] with the ids a bitmask (int32 [..., ceil(V / 32)], bit i & 31 of word
+    i >> 5) leaves out set to -inf (a copy)."""
+    return logits.masked_fill(~unpack_bitmask(bitmask.to(logits.device), logits.shape[-1]), float("-inf"))
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [..., W] -> bool [..., vocab_size]: True where a token is allowed."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    return ((bitmask[..., None] >> bits) & 1).bool().flatten(-2)[..., :vocab_size]
+
+
+def _bitmask_ptr(bitmask: torch.Tensor, vocab_size: int) -> int:
+    assert bitmask.dtype == torch.int32 and bitmask.is_contiguous() and bitmask.numel() * 32 >= vocab_size
+    return bitmask.data_ptr()

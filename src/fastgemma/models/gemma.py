@@ -25,9 +25,10 @@ verification): every token is computed as its own one-token step would be, bit f
 row-invariant native GEMVs, row-wise norms, each query attending alone (models/kv_cache.py).
 Fused decode (bf16 on CPU): such a chunk runs every layer in one native call
 (kernels/decode_layers.py) with the same rounding as the loop below, bit for bit.
-Greedy tokens: `greedy_tokens(hidden)` is argmax(compute_logits(hidden)) per row; with the
-lm_head screen on (kernels/lm_head_screen.py) it gets the same tokens from an int8 copy of
-lm_head plus a few exactly recomputed rows.
+Greedy tokens: `greedy_tokens(hidden, allowed)` is argmax(compute_logits(hidden)) per row,
+over the ids a row's grammar bitmask allows when it has one; with the lm_head screen on
+(kernels/lm_head_screen.py) it gets the same tokens from an int8 copy of lm_head plus a few
+exactly recomputed rows.
 
 This module owns no cache and no sampling; it reads and writes the cache it is given.
 """
@@ -42,7 +43,7 @@ from torch import nn
 from fastgemma.kernels import KernelChoice, bf16_table, decode_layers, huge_pages
 from fastgemma.kernels.activation import gelu_tanh
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS, Linear, linear
-from fastgemma.kernels.lm_head_screen import LmHeadScreen
+from fastgemma.kernels.lm_head_screen import LmHeadScreen, masked
 from fastgemma.models.attention import KV, Attention
 from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.models.layers import ROPE_BLOCK, RMSNorm, rope_table
@@ -284,11 +285,15 @@ class GemmaForCausalLM(nn.Module):
         """[K, D] normed hidden states -> [K, V] logits (softcapped when the config says so)."""
         return self.finalize_logits(linear(hidden, self.lm_head_weight(), self.use_native))
 
-    def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
-        """[T, D] -> argmax of compute_logits(hidden) per row (lowest id on ties), screened when on."""
+    def greedy_tokens(self, hidden: torch.Tensor, allowed: list[torch.Tensor | None] | None = None) -> list[int]:
+        """[T, D] -> argmax of compute_logits(hidden) per row (lowest id on ties), screened when
+        on; allowed[t]: row t's grammar bitmask (int32 [ceil(V / 32)]) or None (every id)."""
         if self.lm_head_screen is not None and hidden.device.type == "cpu" and hidden.shape[0] <= NATIVE_MAX_ROWS:
-            return self.lm_head_screen.argmax(hidden)
-        return torch.argmax(self.compute_logits(hidden), dim=-1).tolist()
+            return self.lm_head_screen.argmax(hidden, allowed)
+        logits = self.compute_logits(hidden)
+        if allowed is not None:
+            logits = torch.stack([row if m is None else masked(row, m.to(row.device)) for row, m in zip(logits, allowed)])
+        return torch.argmax(logits, dim=-1).tolist()
 
     def finalize_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Softcap tanh(x / cap) * cap in the logits' dtype; identity without a cap. For bf16

@@ -21,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from fastgemma.engine.sampling_params import SamplingParams
+from fastgemma.engine.structured_output import StructuredOutputsParams
 from fastgemma.server import protocol as P
 from fastgemma.server.errors import APIError, error_response, from_validation_error
 from fastgemma.server.state import ServerState
@@ -234,7 +235,60 @@ def context_check(state: ServerState, n_prompt: int, max_tokens: int | None, par
         raise APIError(400, str(e), param) from None
 
 
-def sampling_params(state: ServerState, req: Any, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def structured_outputs(
+    state: ServerState, req: Any, tool_grammar: StructuredOutputsParams | None = None
+) -> StructuredOutputsParams | None:
+    """The request's output constraint (response_format, structured_outputs, or the tools'
+    grammar under tool_choice "required" / a named function), compiled once here so that a
+    bad schema, regex or grammar is a 400 naming its field before anything runs."""
+    given = []
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        given.append("response_format")
+    if req.structured_outputs is not None:
+        given.append("structured_outputs")
+    if tool_grammar is not None:
+        given.append("tool_choice")
+    if len(given) > 1:
+        raise APIError(400, f"{given[0]} and {given[1]} both constrain the output; give one of them", given[1])
+    if not given:
+        return None
+    try:
+        if given[0] == "response_format":
+            if rf.type == "json_object":
+                params = StructuredOutputsParams(json_object=True, where="response_format")
+            else:
+                params = StructuredOutputsParams(
+                    json=rf.json_schema.schema_ or {"type": "object"}, where="response_format.json_schema.schema"
+                )
+        elif given[0] == "structured_outputs":
+            so = req.structured_outputs
+            params = StructuredOutputsParams(
+                json=so.json_, json_object=so.json_object, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                structural_tag=so.structural_tag, disable_any_whitespace=so.disable_any_whitespace,
+                disable_additional_properties=so.disable_additional_properties,
+            )
+        else:
+            params = tool_grammar
+    except ValueError as e:
+        raise APIError(400, str(e), given[0]) from None
+    try:
+        state.llm.engine.grammars.compile(params)
+    except ValueError as e:
+        raise APIError(400, str(e), params.param) from None
+    return params
+
+
+def log_ignored_fields(req: Any, endpoint: str) -> None:
+    """Name, once per request, the fields no schema of ours knows (vLLM logs the same)."""
+    if ignored := req.ignored_fields():
+        log.warning("%s: ignoring fields that are not part of the API: %s", endpoint, ", ".join(ignored))
+
+
+def sampling_params(
+    state: ServerState, req: Any, max_tokens: int, logprobs: int | None,
+    structured: StructuredOutputsParams | None = None,
+) -> SamplingParams:
     vocab = state.llm.spec.vocab_size
     stop_ids = list(req.stop_token_ids or [])
     if any(not 0 <= t < vocab for t in stop_ids):
@@ -251,6 +305,7 @@ def sampling_params(state: ServerState, req: Any, max_tokens: int, logprobs: int
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=structured,
         )
     except ValueError as e:
         raise APIError(400, str(e)) from None

@@ -1,8 +1,10 @@
 """Request and response schemas of the OpenAI-compatible API, in vLLM's names and shapes.
 
-Requests are parsed strictly (a string where a number belongs is a 400, not a guess) and
-ignore unknown fields, as OpenAI clients and benchmark harnesses send many. Value checks
-that need the model (vocabulary, context length) are done in `app.py`.
+Requests are parsed strictly (a string where a number belongs is a 400, not a guess). A
+field of OpenAI's or vLLM's request schemas that fastgemma does not honour is refused with
+a 400 naming it (`UNSUPPORTED`), unless it has its neutral value; any other unknown field
+is ignored and named once in the log, as vLLM does (clients and harnesses send many).
+Value checks that need the model (vocabulary, context length, grammars) are done by the routes.
 """
 
 from __future__ import annotations
@@ -20,12 +22,99 @@ TokenIds = list[int]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class _Strict(BaseModel):
+    """A nested object whose every field is ours: an unknown key is a 400 naming it."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+# Fields of OpenAI's / vLLM's request schemas that fastgemma does not honour, with the values
+# that change nothing (accepted); any other value is a 400 naming the field.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logit_bias": (None, {}),
+    "min_p": (None, 0, 0.0),
+    "min_tokens": (None, 0),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "logits_processors": (None, []),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "include_stop_str_in_output": (None, False),
+    "truncate_prompt_tokens": (None,),
+    "prompt_embeds": (None,),
+    "functions": (None, []),  # OpenAI's deprecated function calling: use tools
+    "function_call": (None,),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "guided_json": (None,),  # vLLM's older names: use structured_outputs / response_format
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "guided_decoding_backend": (None,),
+    "guided_whitespace_pattern": (None,),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "continue_final_message": (None, False),
+    "documents": (None,),
+    "mm_processor_kwargs": (None, {}),
+    "priority": (None, 0),
+    "logprobs_mode": (None,),
+    "vllm_xargs": (None, {}),
+    "kv_transfer_params": (None,),
+    "echo": (None, False),  # a field of /v1/completions, not of chat
+    "prompt_logprobs": (None,),
+    "add_generation_prompt": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "return_tokens_as_token_ids": (None, False),
+}
+# Fields that change nothing fastgemma computes, accepted as they come (OpenAI bookkeeping).
+ACCEPTED = {"store", "metadata", "service_tier", "request_id", "safety_identifier", "prompt_cache_key", "cache_salt"}
 
 
 class StreamOptions(_Request):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` (engine/structured_output.py): exactly one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    disable_fallback: bool = False  # one grammar engine: nothing to fall back to
+    backend: Literal["auto", "guidance"] | None = None  # llguidance (vLLM's name for it: "guidance")
+
+
+class JsonSchemaSpec(_Strict):
+    """OpenAI's `response_format.json_schema`."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> Any:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a json_schema object with a name and a schema')
+        return self
 
 
 class _SamplingFields(_Request):
@@ -49,6 +138,21 @@ class _SamplingFields(_Request):
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     repetition_penalty: float | None = 1.0
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, neutral in UNSUPPORTED.items():
+                if name in data and name not in cls.model_fields and not any(data[name] == v and type(data[name]) is type(v) for v in neutral):
+                    raise ValueError(f"{name} is not supported by fastgemma; leave it out")
+        return data
+
+    def ignored_fields(self) -> list[str]:
+        """Unknown fields of this request (ignored; the route logs them once)."""
+        return sorted(set(self.model_extra or {}) - set(UNSUPPORTED) - ACCEPTED)
 
     @field_validator("stop")
     @classmethod
@@ -144,10 +248,33 @@ ContentPart = Annotated[
 ]
 
 
+class FunctionCallIn(_Request):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCallIn(_Request):
+    """A call an assistant message made earlier in the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call this message answers
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> Any:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls belong to assistant messages")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def text(self) -> str:
         """The text parts joined by newlines (media parts left out)."""
@@ -166,8 +293,32 @@ class ChatMessage(_Request):
         return [part.model_dump(exclude_none=True) for part in self.content]
 
 
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None  # arguments always follow `parameters` under "required" / a named choice
+
+
+class ChatTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
@@ -264,9 +415,33 @@ class ChatLogprobs(_Response):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class DeltaFunctionCall(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Response):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class ChatCompletionResponseChoice(_Response):
@@ -291,6 +466,7 @@ class ChatCompletionResponse(_Response):
 class DeltaMessage(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: Any) -> dict[str, Any]:

@@ -1,12 +1,15 @@
 """POST /v1/chat/completions: one choice, vLLM's fields (logprobs / top_logprobs,
-return_token_ids, stream_options). Messages go through the chat template with their image
-and audio parts (multimodal/chat.py) on the pre-processing thread; generation and logprob
-formatting run on the worker."""
+return_token_ids, stream_options, response_format / structured_outputs, tools / tool_choice).
+Messages go through the chat template with their image and audio parts (multimodal/chat.py)
+and the offered tools (fastgemma/tools.py) on the pre-processing thread; generation and
+logprob formatting run on the worker. With tools offered, calls are parsed out of the text
+into `tool_calls` (streamed as whole calls when their closing tag arrives) and the
+finish_reason is "tool_calls"."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
@@ -21,17 +24,20 @@ from fastgemma.server.handling import (
     context_check,
     held_back,
     json_response,
+    log_ignored_fields,
     off_loop,
     run_job,
     sampling_params,
     sse,
     stream,
+    structured_outputs,
     submit,
     usage,
     validate_ids,
 )
 from fastgemma.server.state import ServerState
 from fastgemma.server.worker import Job, TokenEvent
+from fastgemma.tools import ToolCall, ToolCallStream, call_grammar, parse_tool_calls
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class ChatReply:
     req: P.ChatCompletionRequest
     prepared: Prepared
     top_n: int  # top_logprobs
+    tools: bool  # tools were offered: parse calls out of the text
     id: str
     created: int
     model: str
@@ -49,10 +56,13 @@ class ChatReply:
 async def chat_completions(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
     req = P.ChatCompletionRequest.model_validate(body)
     check_model(state, req.model)
+    log_ignored_fields(req, "/v1/chat/completions")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    _check_tools(req)
     p = await off_loop(state, lambda: _prepare(state, req))
-    reply = ChatReply(req, p, req.top_logprobs or 0, P.random_id("chatcmpl"), P.now(), state.served_model_name)
+    offered = bool(req.tools) and req.tool_choice != "none"
+    reply = ChatReply(req, p, req.top_logprobs or 0, offered, P.random_id("chatcmpl"), P.now(), state.served_model_name)
     if req.stream:
         return await _stream(state, request, reply)
 
@@ -65,11 +75,15 @@ async def chat_completions(state: ServerState, request: Request, body: dict[str,
     r = await run_job(state, request, work)
     if r is None:
         return Response(status_code=499)
+    content, calls, finish_reason = r.text, [], r.finish_reason
+    if reply.tools:
+        content, calls = parse_tool_calls(r.text)
+        finish_reason = "tool_calls" if calls else finish_reason
     choice = P.ChatCompletionResponseChoice(
         index=0,
-        message=P.ChatResponseMessage(content=r.text),
+        message=P.ChatResponseMessage(content=content, tool_calls=[_tool_call(c) for c in calls]),
         logprobs=r.extra.get("logprobs"),
-        finish_reason=r.finish_reason,
+        finish_reason=finish_reason,
         token_ids=r.token_ids if req.return_token_ids else None,
     )
     return json_response(P.ChatCompletionResponse(
@@ -78,13 +92,41 @@ async def chat_completions(state: ServerState, request: Request, body: dict[str,
     ))
 
 
+def _check_tools(req: P.ChatCompletionRequest) -> None:
+    choice, names = req.tool_choice, [t.function.name for t in req.tools or []]
+    if choice != "required" and not isinstance(choice, P.NamedToolChoice):
+        return
+    if not names:
+        raise APIError(400, "tool_choice needs tools to choose from", "tool_choice")
+    if isinstance(choice, P.NamedToolChoice) and choice.function.name not in names:
+        raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice")
+
+
+def _tool_call(call: ToolCall) -> P.ToolCall:
+    return P.ToolCall(id=call.id, function=P.FunctionCall(name=call.name, arguments=call.arguments))
+
+
+def _message(m: P.ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.template_content()}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
 def _prepare(state: ServerState, req: P.ChatCompletionRequest) -> Prepared:
     """Pre-processing thread: the templated ids, the decoded media, budget and parameters."""
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.template_content()} for m in req.messages
-    ]
+    messages = [_message(m) for m in req.messages]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, P.NamedToolChoice) else req.tool_choice
+    offered = tools if tools and choice != "none" else None
+    grammar = call_grammar(tools, choice, req.parallel_tool_calls is not False) if offered else None
     try:
-        ids, multimodal = state.llm.chat_inputs(messages, state.allow_remote_media)
+        ids, multimodal = state.llm.chat_inputs(messages, state.allow_remote_media, offered)
     except ContentPartError as e:
         raise APIError(400, str(e), e.param) from None
     except ValueError as e:
@@ -94,7 +136,8 @@ def _prepare(state: ServerState, req: P.ChatCompletionRequest) -> Prepared:
     validate_ids(state, ids, "messages")
     max_tokens = context_check(state, len(ids), req.requested_max_tokens, "max_tokens")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return Prepared(ids, sampling_params(state, req, max_tokens, logprobs), max_tokens, multimodal=multimodal)
+    params = sampling_params(state, req, max_tokens, logprobs, structured_outputs(state, req, grammar))
+    return Prepared(ids, params, max_tokens, multimodal=multimodal)
 
 
 async def _stream(state: ServerState, request: Request, reply: ChatReply) -> StreamingResponse:
@@ -131,12 +174,26 @@ async def _events(reply: ChatReply, job: Job) -> AsyncIterator[str]:
             id=reply.id, created=reply.created, model=reply.model, choices=[choice], usage=counted
         ))
 
+    calls = ToolCallStream() if reply.tools else None
     yield chunk(P.DeltaMessage(role="assistant", content=""))
     while True:
         is_event, event = await job.next()
         if not is_event:
             break
         n_gen += event.token_id is not None
+        if calls is not None:  # content outside the calls; each call whole when it closes
+            text, done = calls.feed(event.text)
+            if event.finish_reason is not None:
+                text += calls.flush()
+            first = len(calls.calls) - len(done)
+            for i, call in enumerate(done, first):
+                yield chunk(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
+                    index=i, id=call.id, type="function",
+                    function=P.DeltaFunctionCall(name=call.name, arguments=call.arguments),
+                )]))
+            if event.finish_reason is not None and calls.calls:
+                event = replace(event, finish_reason="tool_calls")
+            event = replace(event, text=text)
         if held_back(event, req.return_token_ids):
             continue
         yield chunk(P.DeltaMessage(content=event.text) if event.text else P.DeltaMessage(), event)

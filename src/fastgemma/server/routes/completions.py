@@ -1,5 +1,5 @@
 """POST /v1/completions: one choice per prompt, vLLM's fields (echo, logprobs,
-prompt_logprobs, return_token_ids, stream_options). Prompts are tokenised and checked on the
+prompt_logprobs, return_token_ids, stream_options, response_format / structured_outputs). Prompts are tokenised and checked on the
 pre-processing thread; generation, prompt scoring and logprob formatting run on the worker."""
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from fastgemma.server.handling import (
     context_check,
     held_back,
     json_response,
+    log_ignored_fields,
     off_loop,
     run_job,
     sampling_params,
     sse,
     stream,
+    structured_outputs,
     submit,
     usage,
     validate_ids,
@@ -35,6 +37,7 @@ from fastgemma.server.worker import Job, TokenEvent
 async def completions(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
     req = P.CompletionRequest.model_validate(body)
     check_model(state, req.model)
+    log_ignored_fields(req, "/v1/completions")
     prepared = await off_loop(state, lambda: _prepare(state, req))
     if req.stream:
         return await _stream(state, request, req, prepared)
@@ -71,6 +74,7 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
 def _prepare(state: ServerState, req: P.CompletionRequest) -> list[Prepared]:
     """Pre-processing thread: each prompt's ids, budget and sampling parameters."""
     llm, prepared = state.llm, []
+    structured = structured_outputs(state, req)
     for prompt in req.prompts():
         try:
             ids = llm.encode_prompt(prompt, add_special_tokens=req.add_special_tokens)
@@ -78,7 +82,7 @@ def _prepare(state: ServerState, req: P.CompletionRequest) -> list[Prepared]:
             raise APIError(400, str(e), "prompt") from None
         validate_ids(state, ids, "prompt")
         max_tokens = context_check(state, len(ids), req.max_tokens, "max_tokens")
-        params = sampling_params(state, req, max_tokens, req.logprobs)
+        params = sampling_params(state, req, max_tokens, req.logprobs, structured)
         text = ""
         if req.echo:
             text = prompt if isinstance(prompt, str) else llm.tokenizer.decode(ids, skip_special_tokens=False)

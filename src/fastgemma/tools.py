@@ -1,0 +1,219 @@
+"""Tool calling: how a request's tools reach the prompt, and how calls come back out of the text.
+
+The format (fastgemma's documented default, for chat templates that do not render tools:
+Gemma 3's, and the embedded base model's fallback) is the Hermes one that vLLM's `hermes`
+parser and Qwen's templates use. The tools are listed in a system message:
+
+    # Tools
+    You may call one or more functions ... within <tools></tools> XML tags:
+    <tools>
+    {"type": "function", "function": {"name": ..., "description": ..., "parameters": ...}}
+    </tools>
+    For each function call, return a json object with function name and arguments within
+    <tool_call></tool_call> XML tags: ...
+
+and the model answers with calls such as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+An assistant message's `tool_calls` are written back in that form, and `tool` messages become
+user turns holding `<tool_response>...</tool_response>` (Gemma's turns are user and model).
+A template that renders tools itself (it names `tools`) gets them as transformers passes
+them, and its messages as they are.
+
+tool_choice (OpenAI's): "none" leaves the tools out of the prompt; "auto" (the default with
+tools) lets the model choose and parses calls out of its text; "required" and a named
+function are enforced with a grammar (engine/structured_output.py) in which each call's
+`arguments` follow that function's JSON schema, so they always validate; with
+`parallel_tool_calls: false`, or a named function, exactly one call.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastgemma.engine.structured_output import StructuredOutputsParams
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+SYSTEM_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as text
+    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
+
+
+def prompt_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any, native: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages for the chat template, tools for a template that renders them or None).
+    `tools`: OpenAI's tool objects; `native`: the template renders tools itself."""
+    offered = tools if tools and tool_choice != "none" else None
+    if native:
+        return messages, offered
+    out: list[dict[str, Any]] = []
+    if offered:  # into the conversation's system message (first), or one of its own
+        listing = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in offered))
+        if messages and messages[0]["role"] == "system":
+            first, messages = messages[0], messages[1:]
+            listing = f"{_text(first.get('content'))}\n\n{listing}"
+        out.append({"role": "system", "content": listing})
+    for m in messages:
+        if m["role"] == "tool":
+            text = f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1].get("_tool_response"):
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+            else:
+                out.append({"role": "user", "content": text, "_tool_response": True})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(
+                f"{CALL_OPEN}\n" + json.dumps({"name": c["function"]["name"], "arguments": _arguments(c)}, ensure_ascii=False)
+                + f"\n{CALL_CLOSE}"
+                for c in m["tool_calls"]
+            )
+            text = _text(m.get("content"))
+            out.append({"role": "assistant", "content": f"{text}\n{calls}" if text else calls})
+        else:
+            out.append({k: v for k, v in m.items() if k not in ("tool_calls", "tool_call_id")})
+    return [{k: v for k, v in m.items() if k != "_tool_response"} for m in out], None
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    raw = call["function"].get("arguments", "{}")
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return raw
+
+
+def call_grammar(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool) -> StructuredOutputsParams | None:
+    """The grammar that enforces "required" or a named function (None for "auto" / "none"):
+    one call, or (required with parallel calls) one or more separated by newlines, each
+    `arguments` following its function's parameters schema."""
+    if tool_choice in (None, "auto", "none"):
+        return None
+    named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    functions = [t["function"] for t in tools if named is None or t["function"]["name"] == named]
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": f["name"]},
+                "arguments": f.get("parameters") or {"type": "object", "properties": {}},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in functions
+    ]
+    schema = {**(options[0] if len(options) == 1 else {"anyOf": options}), "x-guidance": _JSON_STYLE}
+    several = named is None and parallel
+    lark = (
+        ('start: call ("\\n" call)*\n' if several else "start: call\n")
+        + f"call: {json.dumps(CALL_OPEN + chr(10))} body {json.dumps(chr(10) + CALL_CLOSE)}\n"
+        + f"body: %json {json.dumps(schema)}\n"
+    )
+    return StructuredOutputsParams(grammar=lark, where="tools")
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(the text outside the calls, stripped, or None when empty; the calls). A block that is
+    not a JSON object with a name stays in the text."""
+    content, calls, rest = [], [], text
+    while (start := rest.find(CALL_OPEN)) >= 0 and (end := rest.find(CALL_CLOSE, start)) >= 0:
+        call = _call(rest[start + len(CALL_OPEN) : end])
+        if call is None:
+            content.append(rest[: end + len(CALL_CLOSE)])
+        else:
+            content.append(rest[:start])
+            calls.append(call)
+        rest = rest[end + len(CALL_CLOSE) :]
+    content.append(rest)
+    joined = "".join(content).strip()
+    return (joined or None) if calls else text, calls
+
+
+def _call(body: str) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+class ToolCallStream:
+    """Splits streamed text into content deltas and whole tool calls: text that could still be
+    the start of a `<tool_call>` is held back until it is not; a call is given when its
+    closing tag arrives (its arguments in one delta, which OpenAI's clients accumulate as any)."""
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content to send now, calls completed by this text)."""
+        self.buffer += text
+        out, new = [], []
+        while True:
+            start = self.buffer.find(CALL_OPEN)
+            if start < 0:
+                keep = _partial_open(self.buffer)
+                out.append(self.buffer[: len(self.buffer) - keep])
+                self.buffer = self.buffer[len(self.buffer) - keep :]
+                break
+            end = self.buffer.find(CALL_CLOSE, start)
+            if end < 0:
+                out.append(self.buffer[:start])
+                self.buffer = self.buffer[start:]
+                break
+            call = _call(self.buffer[start + len(CALL_OPEN) : end])
+            if call is None:
+                out.append(self.buffer[: end + len(CALL_CLOSE)])
+            else:
+                out.append(self.buffer[:start])
+                new.append(call)
+            self.buffer = self.buffer[end + len(CALL_CLOSE) :]
+        self.calls += new
+        content = "".join(out)
+        if self.calls:  # between and after calls only whitespace separates them
+            content = content if content.strip() else ""
+        return content, new
+
+    def flush(self) -> str:
+        """What is still held back (an unfinished call stays text)."""
+        rest, self.buffer = self.buffer, ""
+        return rest if not self.calls or rest.strip() else ""
+
+
+def _partial_open(text: str) -> int:
+    """The length of the longest suffix of `text` that is a proper prefix of CALL_OPEN."""
+    for n in range(min(len(text), len(CALL_OPEN) - 1), 0, -1):
+        if CALL_OPEN.startswith(text[-n:]):
+            return n
+    return 0
