@@ -141,19 +141,43 @@ def call_grammar(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool) 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     """(the text outside the calls, stripped, or None when empty; the calls). A block that is
-    not a JSON object with a name stays in the text."""
-    content, calls, rest = [], [], text
-    while (start := rest.find(CALL_OPEN)) >= 0 and (end := rest.find(CALL_CLOSE, start)) >= 0:
-        call = _call(rest[start + len(CALL_OPEN) : end])
+    not a JSON object with a name stays in the text; so does text between and after calls,
+    unless it is only whitespace."""
+    content, calls = _scan(text, final=True)
+    return (content.strip() or None) if calls else text, calls
+
+
+def _scan(text: str, final: bool) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of `text`. Not `final` (streaming): leave out what later text may
+    still change: a trailing prefix of CALL_OPEN, an unclosed call, and whitespace after a
+    call (dropped if another call follows), so that each result's content is a prefix of
+    the next one's."""
+    content, calls, segment, pos = [], [], "", 0
+
+    def close_segment(seg: str) -> None:
+        if not calls or seg.strip():  # whitespace between / after calls is dropped
+            content.append(seg)
+
+    while (start := text.find(CALL_OPEN, pos)) >= 0:
+        end = text.find(CALL_CLOSE, start)
+        if end < 0:
+            break
+        call = _call(text[start + len(CALL_OPEN) : end])
         if call is None:
-            content.append(rest[: end + len(CALL_CLOSE)])
+            segment += text[pos : end + len(CALL_CLOSE)]
         else:
-            content.append(rest[:start])
+            close_segment(segment + text[pos:start])
+            segment = ""
             calls.append(call)
-        rest = rest[end + len(CALL_CLOSE) :]
-    content.append(rest)
-    joined = "".join(content).strip()
-    return (joined or None) if calls else text, calls
+        pos = end + len(CALL_CLOSE)
+    tail = text[pos:]
+    if not final:
+        unclosed = tail.find(CALL_OPEN)
+        tail = tail[:unclosed] if unclosed >= 0 else tail[: len(tail) - _partial_open(tail)]
+        if calls and not (segment + tail).strip():
+            return "".join(content), calls  # whitespace after a call: not yet known to stay
+    close_segment(segment + tail)
+    return "".join(content), calls
 
 
 def _call(body: str) -> ToolCall | None:
@@ -168,47 +192,30 @@ def _call(body: str) -> ToolCall | None:
 
 
 class ToolCallStream:
-    """Splits streamed text into content deltas and whole tool calls: text that could still be
-    the start of a `<tool_call>` is held back until it is not; a call is given when its
-    closing tag arrives (its arguments in one delta, which OpenAI's clients accumulate as any)."""
+    """Streamed text as content deltas and whole tool calls, agreeing with
+    `parse_tool_calls` on the whole text: text that could still belong to a call is held
+    back until it cannot; a call is given when its closing tag arrives (its arguments in one
+    delta, which OpenAI's clients accumulate as any)."""
 
     def __init__(self) -> None:
-        self.buffer = ""
+        self.text, self.sent = "", ""
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content to send now, calls completed by this text)."""
-        self.buffer += text
-        out, new = [], []
-        while True:
-            start = self.buffer.find(CALL_OPEN)
-            if start < 0:
-                keep = _partial_open(self.buffer)
-                out.append(self.buffer[: len(self.buffer) - keep])
-                self.buffer = self.buffer[len(self.buffer) - keep :]
-                break
-            end = self.buffer.find(CALL_CLOSE, start)
-            if end < 0:
-                out.append(self.buffer[:start])
-                self.buffer = self.buffer[start:]
-                break
-            call = _call(self.buffer[start + len(CALL_OPEN) : end])
-            if call is None:
-                out.append(self.buffer[: end + len(CALL_CLOSE)])
-            else:
-                out.append(self.buffer[:start])
-                new.append(call)
-            self.buffer = self.buffer[end + len(CALL_CLOSE) :]
-        self.calls += new
-        content = "".join(out)
-        if self.calls:  # between and after calls only whitespace separates them
-            content = content if content.strip() else ""
-        return content, new
+        self.text += text
+        return self._advance(final=False)
 
     def flush(self) -> str:
-        """What is still held back (an unfinished call stays text)."""
-        rest, self.buffer = self.buffer, ""
-        return rest if not self.calls or rest.strip() else ""
+        """What is still held back, at the end (an unfinished call stays text)."""
+        return self._advance(final=True)[0]
+
+    def _advance(self, final: bool) -> tuple[str, list[ToolCall]]:
+        content, calls = _scan(self.text, final)
+        new = calls[len(self.calls) :]
+        self.calls += new
+        delta, self.sent = content[len(self.sent) :], content
+        return delta, new
 
 
 def _partial_open(text: str) -> int:

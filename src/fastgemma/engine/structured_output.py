@@ -31,8 +31,9 @@ Request shapes (vLLM's `StructuredOutputsParams`): exactly one of `json` (a JSON
 `json_object` (any JSON object), `regex`, `choice` (one of the strings), `grammar` (Lark, or
 GBNF as llama.cpp writes it), `structural_tag` (vLLM's {"structures": [{"begin", "schema",
 "end"}], "triggers": [...]}: free text in which each trigger starts a structure).
-`disable_any_whitespace` keeps JSON compact (vLLM's name); `disable_additional_properties`
-forbids properties the schema does not name.
+JSON whitespace is bounded between tokens (`JSON_WHITESPACE`, llama.cpp's rule);
+`disable_any_whitespace` (vLLM's name) allows none; `disable_additional_properties` forbids
+properties the schema does not name.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ from typing import Any
 
 import torch
 
+# Whitespace between JSON tokens as llama.cpp's JSON-schema grammars bound it: nothing, one
+# space, or a newline and up to 20 spaces / tabs. Unbounded whitespace (JSON's own rule)
+# lets a small model loop on newlines until max_tokens.
+JSON_WHITESPACE = r"(?:[ ]?|\n[ \t]{0,20})"
 GRAMMAR_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
@@ -92,6 +97,8 @@ class StructuredOutputsParams:
             if self.disable_additional_properties:
                 schema = _closed(schema)
             options = {"whitespace_flexible": not self.disable_any_whitespace, "coerce_one_of": True}
+            if not self.disable_any_whitespace:
+                options["whitespace_pattern"] = JSON_WHITESPACE
             try:
                 return LLMatcher.grammar_from_json_schema(schema, defaults=options)
             except ValueError as e:

@@ -279,6 +279,16 @@ def structured_outputs(
     return params
 
 
+def parse_request(cls: Any, body: dict[str, Any], endpoint: str) -> Any:
+    """The body as `cls`: a field we do not honour is a 400 naming it; unknown fields are
+    ignored and named in the log."""
+    if (name := cls.unsupported_field(body)) is not None:
+        raise APIError(400, f"{name} is not supported by fastgemma; leave it out", name)
+    req = cls.model_validate(body)
+    log_ignored_fields(req, endpoint)
+    return req
+
+
 def log_ignored_fields(req: Any, endpoint: str) -> None:
     """Name, once per request, the fields no schema of ours knows (vLLM logs the same)."""
     if ignored := req.ignored_fields():

@@ -141,14 +141,15 @@ class _SamplingFields(_Request):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 
-    @model_validator(mode="before")
     @classmethod
-    def _unsupported(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, neutral in UNSUPPORTED.items():
-                if name in data and name not in cls.model_fields and not any(data[name] == v and type(data[name]) is type(v) for v in neutral):
-                    raise ValueError(f"{name} is not supported by fastgemma; leave it out")
-        return data
+    def unsupported_field(cls, body: dict[str, Any]) -> str | None:
+        """The first field of `body` that fastgemma does not honour at the value given."""
+        for name, neutral in UNSUPPORTED.items():
+            if name in body and name not in cls.model_fields:
+                value = body[name]
+                if not any(value == v and type(value) is type(v) for v in neutral):
+                    return name
+        return None
 
     def ignored_fields(self) -> list[str]:
         """Unknown fields of this request (ignored; the route logs them once)."""
@@ -429,7 +430,11 @@ class ToolCall(_Response):
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None  # left out when the model called none (as OpenAI)
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k != "tool_calls" or v is not None}
 
 
 class DeltaFunctionCall(_Response):

@@ -24,8 +24,8 @@ from fastgemma.server.handling import (
     context_check,
     held_back,
     json_response,
-    log_ignored_fields,
     off_loop,
+    parse_request,
     run_job,
     sampling_params,
     sse,
@@ -54,9 +54,8 @@ class ChatReply:
 
 
 async def chat_completions(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
-    req = P.ChatCompletionRequest.model_validate(body)
+    req = parse_request(P.ChatCompletionRequest, body, "/v1/chat/completions")
     check_model(state, req.model)
-    log_ignored_fields(req, "/v1/chat/completions")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     _check_tools(req)
@@ -81,7 +80,7 @@ async def chat_completions(state: ServerState, request: Request, body: dict[str,
         finish_reason = "tool_calls" if calls else finish_reason
     choice = P.ChatCompletionResponseChoice(
         index=0,
-        message=P.ChatResponseMessage(content=content, tool_calls=[_tool_call(c) for c in calls]),
+        message=P.ChatResponseMessage(content=content, tool_calls=[_tool_call(c) for c in calls] or None),
         logprobs=r.extra.get("logprobs"),
         finish_reason=finish_reason,
         token_ids=r.token_ids if req.return_token_ids else None,

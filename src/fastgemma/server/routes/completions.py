@@ -19,8 +19,8 @@ from fastgemma.server.handling import (
     context_check,
     held_back,
     json_response,
-    log_ignored_fields,
     off_loop,
+    parse_request,
     run_job,
     sampling_params,
     sse,
@@ -35,9 +35,8 @@ from fastgemma.server.worker import Job, TokenEvent
 
 
 async def completions(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
-    req = P.CompletionRequest.model_validate(body)
+    req = parse_request(P.CompletionRequest, body, "/v1/completions")
     check_model(state, req.model)
-    log_ignored_fields(req, "/v1/completions")
     prepared = await off_loop(state, lambda: _prepare(state, req))
     if req.stream:
         return await _stream(state, request, req, prepared)
