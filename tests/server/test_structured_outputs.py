@@ -17,11 +17,11 @@ import re
 import httpx
 import pytest
 from pydantic import BaseModel, Field
+from tests.engine.test_structured_output import masked_greedy_reference
 
 from fastgemma import LLM, StructuredOutputsParams
 from fastgemma.config import EngineConfig
 from fastgemma.server import ServerThread
-from tests.engine.test_structured_output import masked_greedy_reference
 
 openai = pytest.importorskip("openai")
 
