@@ -144,3 +144,82 @@ def test_bad_constraints_name_their_field(tiny_text_model):
     with pytest.raises(ValueError, match="exactly one of"):
         StructuredOutputsParams(regex="a", choice=["a"])
     assert not llm.engine.has_unfinished()
+
+
+class _ByteVocab:
+    """A 512-token vocabulary for the tiny Gemma 4 models (no Hugging Face tokenizer): ids
+    0-255 are single bytes, 256-511 the text "<id>"; id 1 ends a sequence."""
+
+    eos_token_id, bos_token_id, special_token_ids = 1, 2, [0, 1, 2]
+    tokens = [bytes([i]) for i in range(256)] + [f"<{i}>".encode() for i in range(256, 512)]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+@pytest.fixture(scope="module")
+def mtp_models(tiny_e4b, tmp_path_factory):
+    from tests import tiny_models
+
+    config = tiny_models.gemma4_assistant_config(tiny_models.gemma4_e4b_like_config())
+    return tiny_e4b, tiny_models.save_tiny_assistant(config, tmp_path_factory.mktemp("assistant"), seed=11)
+
+
+@pytest.mark.parametrize("speculative", ["mtp", "ngram"])
+def test_speculative_constrained_greedy_equals_non_speculative(mtp_models, speculative):
+    """Gemma 4 (tiny E4B-like) with the MTP drafter or n-gram drafts under a grammar that
+    excludes some tokens: drafts are cut to what it accepts, rows are masked, the matcher
+    rolls back; the output equals non-speculative constrained greedy."""
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    target, assistant = mtp_models
+    vocab = LLTokenizer(TokenizerWrapper(_ByteVocab()), n_vocab=512)
+    constraints = [StructuredOutputsParams(regex=r"[^\x10-\x3f]{20,60}"),
+                   StructuredOutputsParams(regex=r"([a-z<>0-9]{1,6} ){4,12}")]
+    prompts = [[5, 6, 7, 8] * 3, list(range(70, 100)), [300, 301, 302] * 5]
+    extra = (dict(draft_model=str(assistant), num_speculative_tokens=4) if speculative == "mtp"
+             else dict(num_speculative_tokens=4, prompt_lookup_min=1))
+    plain = LLM(str(target), dtype="float32", max_model_len=128)
+    spec = LLM(str(target), dtype="float32", max_model_len=128, speculative=speculative, **extra)
+    for llm in (plain, spec):
+        llm.engine.grammars = GrammarCompiler(None, 512, llm.spec.eos_token_ids, tokenizer=vocab)
+    for constraint in constraints:
+        params = SamplingParams(max_tokens=50, temperature=0.0, structured_outputs=constraint)
+        want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+        assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == want
+        for tokens in want:  # the grammar shaped them: no excluded byte
+            assert all(not 0x10 <= t <= 0x3F for t in tokens) or constraint.regex.startswith("(")
+    stats = spec.engine.spec_stats
+    assert stats.num_drafts > 0  # drafts got through the grammar (a random assistant's are rarely kept)
+    if speculative == "ngram":
+        assert stats.num_accepted_tokens > 0
+
+
+def test_the_fixed_shape_step_masks_its_greedy_rows(tiny_gemma3):
+    """CUDA's fixed-shape step (run eagerly on CPU) picks greedy tokens inside its graph; a
+    constrained row takes the step's logits and the masked argmax instead: the same tokens
+    as the per-op path under the same grammar."""
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    from fastgemma.engine.llm_engine import LLMEngine
+    from fastgemma.engine.model_runner import ModelRunner
+
+    llm = LLM(str(tiny_gemma3), dtype="float32", device="cpu", max_model_len=128, kernels="torch")
+    vocab = LLTokenizer(TokenizerWrapper(_ByteVocab()), n_vocab=512)
+
+    def engine(static: bool) -> LLMEngine:
+        runner = ModelRunner(llm.model, 128, prefill_chunk=16, static_steps=static, enforce_eager=True, max_num_seqs=2)
+        grammars = GrammarCompiler(None, 512, llm.spec.eos_token_ids, tokenizer=vocab)
+        return LLMEngine(runner, llm.spec.eos_token_ids, llm.spec.vocab_size, grammars=grammars)
+
+    params = SamplingParams(max_tokens=40, temperature=0.0,
+                            structured_outputs=StructuredOutputsParams(regex=r"[a-z]{3,8}( [a-z]{3,8}){2,6}"))
+    outputs = []
+    for static in (False, True):
+        e = engine(static)
+        seqs = [e.add_request(p, params) for p in ([5, 6, 7], [300, 12, 40, 41])]
+        while e.has_unfinished():
+            e.step()
+        outputs.append([s.output_token_ids for s in seqs])
+        assert all(t in range(ord("a"), ord("z") + 1) or t == ord(" ") or t == 1 for s in seqs for t in s.output_token_ids)
+    assert outputs[0] == outputs[1]

@@ -159,11 +159,13 @@ def _load_json(value: str | dict | Any, where: str) -> Any:
 class GrammarCompiler:
     """Turns a request's constraint into a `Grammar` for one engine's vocabulary. `hf_tokenizer`:
     the model's Hugging Face fast tokenizer; `eos_token_ids`: the ids that end a sequence
-    (a complete grammar allows exactly these)."""
+    (a complete grammar allows exactly these); `tokenizer`: an llguidance `LLTokenizer`
+    already built (for a vocabulary that is not a Hugging Face tokenizer's), else built from
+    `hf_tokenizer` on first use."""
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]):
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...], tokenizer: Any = None):
         self.hf, self.vocab_size, self.eos_token_ids = hf_tokenizer, vocab_size, list(eos_token_ids)
-        self._tokenizer = None
+        self._tokenizer = tokenizer
         self._lock = threading.Lock()
 
     @property
