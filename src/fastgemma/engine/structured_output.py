@@ -25,7 +25,8 @@ no grammar compilation pass ahead of time), Lark / GBNF grammars, regexes, and t
 rollback and draft validation, which speculation needs. xgrammar precompiles per-grammar
 token caches (fast masks after a compile that takes longer per schema) and pulls torch,
 triton and transformers as dependencies. The tokenizer's llguidance form is built once
-per engine (seconds for 262k tokens), on the first request that needs it.
+per engine, on the first request that needs it (for Gemma's 262k tokens: about 4 s and
+200 MiB held, measured here), so engines that never constrain pay nothing.
 
 Request shapes (vLLM's `StructuredOutputsParams`): exactly one of `json` (a JSON schema),
 `json_object` (any JSON object), `regex`, `choice` (one of the strings), `grammar` (Lark, or
@@ -44,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from fastgemma.memory import release_free_memory
 
 # Whitespace between JSON tokens as llama.cpp's JSON-schema grammars bound it: nothing, one
 # space, or a newline and up to 20 spaces / tabs. Unbounded whitespace (JSON's own rule)
@@ -180,6 +183,7 @@ class GrammarCompiler:
                 self._tokenizer = llguidance.hf.from_tokenizer(
                     self.hf, n_vocab=self.vocab_size, eos_token=self.eos_token_ids
                 )
+                release_free_memory()  # the serialised tokenizer it was built from
             return self._tokenizer
 
     def compile(self, params: StructuredOutputsParams) -> Grammar:
