@@ -60,7 +60,7 @@ def main() -> None:
     results = {}
     for c in [int(x) for x in args.concurrency.split(",")]:
         ids = chats[:c]
-        for mode, extra in modes.items():
+        for mode in modes:
             results[(c, mode)] = []
         for _ in range(args.rounds):
             for mode, extra in modes.items():

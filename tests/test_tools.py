@@ -66,16 +66,14 @@ def test_tools_go_into_the_system_message_and_history_into_turns():
         {"role": "tool", "tool_call_id": "c1", "content": "cold"},
         {"role": "tool", "tool_call_id": "c2", "content": "windy"},
     ]
-    out, template_tools = prompt_messages(messages, [WEATHER], "auto", native=False)
-    assert template_tools is None
+    out = prompt_messages(messages, [WEATHER], "auto")
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert out[0]["content"].startswith("Be brief.\n\n# Tools") and '"get_weather"' in out[0]["content"]
     assert out[2]["content"] == _call("get_weather", {"city": "Oslo"})
     assert out[3]["content"] == "<tool_response>\ncold\n</tool_response>\n<tool_response>\nwindy\n</tool_response>"
     assert all(set(m) == {"role", "content"} for m in out)
-    assert prompt_messages(messages[1:2], [WEATHER], "none", native=False)[0] == messages[1:2]  # "none": not offered
-    native, tools = prompt_messages(messages, [WEATHER], "auto", native=True)
-    assert native == messages and tools == [WEATHER]
+    assert prompt_messages(messages[1:2], [WEATHER], "none") == messages[1:2]  # "none": not offered
+    assert prompt_messages(messages[1:2], None) == messages[1:2]
 
 
 def test_forced_choices_are_grammars_over_the_named_functions():

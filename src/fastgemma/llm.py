@@ -117,10 +117,9 @@ class LLM:
         raise ValueError("a prompt is a string or a list of integer token ids")
 
     def chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The templated conversation's ids; `tools` as fastgemma.tools renders them for this
-        template (listed in a system message unless the template renders them itself)."""
-        messages, template_tools = prompt_messages(messages, tools, "auto", self.tokenizer.renders_tools)
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=template_tools)
+        """The templated conversation's ids; `tools` offered as fastgemma.tools writes them
+        (a system message), tool-call history as text."""
+        text = self.tokenizer.apply_chat_template(prompt_messages(messages, tools), add_generation_prompt=True)
         self.check_text_fits(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
 

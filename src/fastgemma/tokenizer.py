@@ -38,8 +38,6 @@ class Tokenizer:
         template = getattr(hf, "chat_template", None) if hf is not None else None
         # The model's own template (not fastgemma's fallback, which a converted GGUF folder holds).
         self.has_chat_template = bool(template) and template != GEMMA_TURN_TEMPLATE
-        # A template that renders a request's tools itself (fastgemma.tools otherwise writes them in).
-        self.renders_tools = self.has_chat_template and isinstance(template, str) and "tools" in template
         self._fallback_logged = False
 
     @classmethod
@@ -81,11 +79,8 @@ class Tokenizer:
             return ""
         return self.hf.decode([token_id], skip_special_tokens=False)
 
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
-    ) -> str:
-        """The prompt text (it starts with <bos>; encode it with add_special_tokens=False).
-        `tools`: OpenAI tool objects, for a template that renders them (`renders_tools`)."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text (it starts with <bos>; encode it with add_special_tokens=False)."""
         hf = self._require()
         template = None if self.has_chat_template else GEMMA_TURN_TEMPLATE
         if template is not None and not self._fallback_logged:
@@ -93,8 +88,7 @@ class Tokenizer:
             log.warning("this model ships no chat template (a base model?): chat prompts use Gemma's turn "
                         "format, fastgemma's fallback template")
         return hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template,
-            tools=tools,
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
         )
 
 

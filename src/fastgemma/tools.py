@@ -1,8 +1,9 @@
 """Tool calling: how a request's tools reach the prompt, and how calls come back out of the text.
 
-The format (fastgemma's documented default, for chat templates that do not render tools:
-Gemma 3's, and the embedded base model's fallback) is the Hermes one that vLLM's `hermes`
-parser and Qwen's templates use. The tools are listed in a system message:
+One format for every model, fastgemma's documented default: the Hermes one that vLLM's
+`hermes` parser and Qwen's templates use, written into the conversation so that any chat
+template carries it (Gemma 3's, the embedded base model's fallback, Gemma 4's). The tools are
+listed in a system message:
 
     # Tools
     You may call one or more functions ... within <tools></tools> XML tags:
@@ -20,8 +21,9 @@ and the model answers with calls such as
 
 An assistant message's `tool_calls` are written back in that form, and `tool` messages become
 user turns holding `<tool_response>...</tool_response>` (Gemma's turns are user and model).
-A template that renders tools itself (it names `tools`) gets them as transformers passes
-them, and its messages as they are.
+Gemma 4's own call syntax (`<|tool_call>call:name{...}<tool_call|>`, written with special
+tokens) is not used yet: its template is not rendered with `tools`, so that every call the
+model makes is one fastgemma parses and, under a forced choice, enforces.
 
 tool_choice (OpenAI's): "none" leaves the tools out of the prompt; "auto" (the default with
 tools) lets the model choose and parses calls out of its text; "required" and a named
@@ -59,13 +61,11 @@ class ToolCall:
 
 
 def prompt_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any, native: bool
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """(messages for the chat template, tools for a template that renders them or None).
-    `tools`: OpenAI's tool objects; `native`: the template renders tools itself."""
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any = "auto"
+) -> list[dict[str, Any]]:
+    """The messages for the chat template, with `tools` (OpenAI's tool objects) offered in a
+    system message unless tool_choice is "none", and tool-call history written as text."""
     offered = tools if tools and tool_choice != "none" else None
-    if native:
-        return messages, offered
     out: list[dict[str, Any]] = []
     if offered:  # into the conversation's system message (first), or one of its own
         listing = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in offered))
@@ -90,7 +90,7 @@ def prompt_messages(
             out.append({"role": "assistant", "content": f"{text}\n{calls}" if text else calls})
         else:
             out.append({k: v for k, v in m.items() if k not in ("tool_calls", "tool_call_id")})
-    return [{k: v for k, v in m.items() if k != "_tool_response"} for m in out], None
+    return [{k: v for k, v in m.items() if k != "_tool_response"} for m in out]
 
 
 def _text(content: Any) -> str:

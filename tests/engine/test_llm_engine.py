@@ -35,7 +35,7 @@ class CountingRunner:
         rows[torch.arange(len(ids)), torch.tensor([(t + 1) % V for t in ids])] = 10.0
         return rows
 
-    def prefill_from(self, ids: list[int], start: int, slot: int, soft=None, out="logits"):
+    def prefill_from(self, ids: list[int], start: int, slot: int, soft=None, out="logits", allowed=None):
         chunk = ids[start : start + self.prefill_chunk]
         self.calls.append(("prefill", list(chunk), start, slot))
         self.last_hidden = torch.zeros(len(chunk), 4)

@@ -129,6 +129,27 @@ def test_sampling_draws_only_allowed_tokens_from_the_renormalised_distribution(t
         assert abs(c / n - float(p[t])) < 4 * (float(p[t]) * (1 - float(p[t])) / n) ** 0.5 + 0.01, (t, c, float(p[t]))
 
 
+def test_structural_tags_constrain_only_what_follows_a_trigger(tiny_text_model):
+    """vLLM's structural_tag: free text, and after a trigger the structure's begin, a JSON
+    value following its schema, and its end."""
+    llm = LLM(str(tiny_text_model), max_model_len=128)
+    tag = {"structures": [{"begin": "<fn=get>", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                           "required": ["n"], "additionalProperties": False},
+                           "end": "</fn>"}],
+           "triggers": ["<fn="]}
+    compiler = llm.engine.grammars
+
+    def accepted(text: str) -> bool:
+        ids = llm.tokenizer.encode(text, add_special_tokens=False)
+        return compiler.compile(StructuredOutputsParams(structural_tag=json.dumps(tag))).matcher.validate_tokens(ids) == len(ids)
+
+    assert accepted('Some free text, then <fn=get>{"n": 3}</fn> and more text')
+    assert not accepted('Text <fn=get>{"m": 3}</fn>')
+    assert not accepted("Text <fn=other>")
+    with pytest.raises(ValueError, match="structured_outputs.structural_tag"):
+        compiler.compile(StructuredOutputsParams(structural_tag={"structures": [{"begin": "x"}]}))
+
+
 def test_bad_constraints_name_their_field(tiny_text_model):
     llm = LLM(str(tiny_text_model), max_model_len=128)
     bad = [

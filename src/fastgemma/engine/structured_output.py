@@ -190,11 +190,17 @@ class GrammarCompiler:
         """ValueError naming the request field when the grammar, schema or regex is not valid."""
         from llguidance import LLMatcher
 
-        text = params.to_llguidance()
-        error = LLMatcher.validate_grammar(text, self.tokenizer)
+        tokenizer = self.tokenizer
+        try:
+            text = params.to_llguidance()
+            error = LLMatcher.validate_grammar(text, tokenizer)
+        except ValueError:
+            raise
+        except Exception as e:  # the grammar converters' other complaints about user input
+            error = f"{type(e).__name__}: {e}"
         if error:
             raise ValueError(f"{params.param}: not a valid {params.kind}: {error.strip().splitlines()[0]}")
-        return Grammar(LLMatcher(self.tokenizer, text, log_level=0), self.vocab_size)
+        return Grammar(LLMatcher(tokenizer, text, log_level=0), self.vocab_size)
 
 
 @dataclass
