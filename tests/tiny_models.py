@@ -108,24 +108,39 @@ GEMMA4_RENAMES = {
     105: "<|turn>", 106: "<turn|>",
     255999: "<|image>", 256000: "<|audio>",
     258880: "<|image|>", 258881: "<|audio|>", 258882: "<image|>", 258883: "<audio|>", 258884: "<|video|>",
+    46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>",
+    51: "<tool_response|>", 52: '<|"|>',
 }
 GEMMA4_EXTRA_SPECIAL_TOKENS = {
     "image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
     "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>",
     "sot_token": "<|turn>", "eot_token": "<turn|>",
 }
-# Gemma 4's turn format with OpenAI-style content parts (image / audio placeholders in order).
+# Gemma 4's turn format with OpenAI-style content parts (image / audio placeholders in order)
+# and its tool-call syntax (declarations, calls with <|"|>-quoted strings, responses), written
+# for these tests after the format Gemma 4's template produces.
 GEMMA4_TEST_CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{%- if tools -%}{{ '<|turn>system\n' }}{%- for t in tools -%}"
+    "{{ '<|tool>declaration:' + t['function']['name'] + '<tool|>' }}{%- endfor -%}{{ '<turn|>\n' }}{%- endif -%}"
     "{%- for m in messages -%}"
+    "{%- if m['role'] == 'tool' -%}"
+    "{{ '<|tool_response>response:' + m['name'] + '{value:<|\"|>' + m['content'] + '<|\"|>}<tool_response|>' }}"
+    "{%- else -%}"
     "{{ '<|turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' }}"
-    "{%- if m['content'] is string -%}{{ m['content'] | trim }}"
+    "{%- for c in m.get('tool_calls') or [] -%}{{ '<|tool_call>call:' + c['function']['name'] + '{' }}"
+    "{%- for k, v in c['function']['arguments'] | dictsort -%}{{ ',' if not loop.first }}{{ k + ':' }}"
+    "{%- if v is string -%}{{ '<|\"|>' + v + '<|\"|>' }}{%- else -%}{{ v | tojson }}{%- endif -%}"
+    "{%- endfor -%}{{ '}<tool_call|>' }}{%- endfor -%}"
+    "{%- if m['content'] is none -%}"
+    "{%- elif m['content'] is string -%}{{ m['content'] | trim }}"
     "{%- else -%}{%- for p in m['content'] -%}"
     "{%- if p['type'] == 'text' -%}{{ p['text'] | trim }}"
     "{%- elif p['type'] == 'image' -%}{{ '\n\n<|image|>\n\n' }}"
     "{%- elif p['type'] == 'audio' -%}{{ '<|audio|>' }}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
     "{{ '<turn|>\n' }}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}{%- endif -%}"
 )

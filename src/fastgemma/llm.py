@@ -39,7 +39,7 @@ from fastgemma.multimodal.chat import split_media
 from fastgemma.multimodal.processor import MultimodalProcessor
 from fastgemma.outputs import CompletionOutput, RequestOutput, StreamDelta
 from fastgemma.tokenizer import IncrementalDecoder
-from fastgemma.tools import prompt_messages
+from fastgemma.tools import tool_format
 from fastgemma.weights import load
 from fastgemma.weights.assistant import load_assistant
 
@@ -63,6 +63,7 @@ class LLM:
             set_cpu_threads(c.threads)
         loaded = load(c)
         self.source, self.spec, self.tokenizer = loaded.source, loaded.spec, loaded.tokenizer
+        self.tool_format = tool_format(loaded.tokenizer)  # how tools reach the prompt and calls come back
         self.model = loaded.model
         self.max_model_len = loaded.max_model_len
         self.quantization = loaded.quantization
@@ -117,9 +118,10 @@ class LLM:
         raise ValueError("a prompt is a string or a list of integer token ids")
 
     def chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The templated conversation's ids; `tools` offered as fastgemma.tools writes them
-        (a system message), tool-call history as text."""
-        text = self.tokenizer.apply_chat_template(prompt_messages(messages, tools), add_generation_prompt=True)
+        """The templated conversation's ids; `tools` offered in the model's tool format
+        (fastgemma/tools: Gemma 4's own, or the Hermes default)."""
+        messages, template_tools = self.tool_format.prompt(messages, tools or None)
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=template_tools)
         self.check_text_fits(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -163,7 +165,7 @@ class LLM:
         self, messages: list[dict[str, Any]], allow_remote_media: bool = False, tools: list[dict[str, Any]] | None = None
     ) -> tuple[list[int], MultimodalInputs | None]:
         """Chat messages with OpenAI-style content parts (multimodal/chat.py) and OpenAI tool
-        objects offered to the model (fastgemma/tools.py) -> (ids, tower inputs)."""
+        objects offered to the model (fastgemma/tools/) -> (ids, tower inputs)."""
         hf, p = self.tokenizer.hf, self.processor
         image_token = hf.convert_ids_to_tokens(p.image_token_id) if p is not None and hf is not None else ""
         audio_token = hf.convert_ids_to_tokens(p.audio_token_id) if p is not None and hf is not None else ""
@@ -207,7 +209,7 @@ class LLM:
     ) -> RequestOutput:
         """One chat turn; content parts may carry images and audio (multimodal/chat.py).
         Remote image URLs are fetched only with `allow_remote_media`. `tools`: OpenAI tool
-        objects offered to the model (calls come back as text: fastgemma.tools.parse_tool_calls)."""
+        objects offered to the model (calls come back as text: `llm.tool_format.parse`)."""
         ids, mm = self.chat_inputs(messages, allow_remote_media, tools)
         self.engine.validate_prompt(ids)
         text, seq = "", None

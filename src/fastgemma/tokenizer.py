@@ -79,8 +79,11 @@ class Tokenizer:
             return ""
         return self.hf.decode([token_id], skip_special_tokens=False)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text (it starts with <bos>; encode it with add_special_tokens=False)."""
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The prompt text (it starts with <bos>; encode it with add_special_tokens=False).
+        `tools`: OpenAI tool objects for a template that renders them (fastgemma/tools)."""
         hf = self._require()
         template = None if self.has_chat_template else GEMMA_TURN_TEMPLATE
         if template is not None and not self._fallback_logged:
@@ -88,7 +91,8 @@ class Tokenizer:
             log.warning("this model ships no chat template (a base model?): chat prompts use Gemma's turn "
                         "format, fastgemma's fallback template")
         return hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template,
+            tools=tools,
         )
 
 

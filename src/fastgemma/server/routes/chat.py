@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: one choice, vLLM's fields (logprobs / top_logprobs,
 return_token_ids, stream_options, response_format / structured_outputs, tools / tool_choice).
 Messages go through the chat template with their image and audio parts (multimodal/chat.py)
-and the offered tools (fastgemma/tools.py) on the pre-processing thread; generation and
+and the offered tools (fastgemma/tools/) on the pre-processing thread; generation and
 logprob formatting run on the worker. With tools offered, calls are parsed out of the text
 into `tool_calls` (streamed as whole calls when their closing tag arrives) and the
 finish_reason is "tool_calls"."""
@@ -37,7 +37,7 @@ from fastgemma.server.handling import (
 )
 from fastgemma.server.state import ServerState
 from fastgemma.server.worker import Job, TokenEvent
-from fastgemma.tools import ToolCall, ToolCallStream, call_grammar, parse_tool_calls
+from fastgemma.tools import ToolCall, forced_grammar, offered_tools
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ async def chat_completions(state: ServerState, request: Request, body: dict[str,
         return Response(status_code=499)
     content, calls, finish_reason = r.text, [], r.finish_reason
     if reply.tools:
-        content, calls = parse_tool_calls(r.text)
+        content, calls = state.llm.tool_format.parse(r.text, r.token_ids)
         finish_reason = "tool_calls" if calls else finish_reason
     choice = P.ChatCompletionResponseChoice(
         index=0,
@@ -114,6 +114,8 @@ def _message(m: P.ChatMessage) -> dict[str, Any]:
         ]
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
     return out
 
 
@@ -122,8 +124,11 @@ def _prepare(state: ServerState, req: P.ChatCompletionRequest) -> Prepared:
     messages = [_message(m) for m in req.messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, P.NamedToolChoice) else req.tool_choice
-    offered = tools if tools and choice != "none" else None
-    grammar = call_grammar(tools, choice, req.parallel_tool_calls is not False) if offered else None
+    offered = offered_tools(tools, choice)
+    try:
+        grammar = forced_grammar(state.llm.tool_format, tools, choice, req.parallel_tool_calls is not False)
+    except ValueError as e:
+        raise APIError(400, str(e), "tools") from None
     try:
         ids, multimodal = state.llm.chat_inputs(messages, state.allow_remote_media, offered)
     except ContentPartError as e:
@@ -152,10 +157,10 @@ async def _stream(state: ServerState, request: Request, reply: ChatReply) -> Str
         run_generation(job, state.metrics, p, on_token)
 
     job = submit(state, work)
-    return await stream(request, job, lambda job: _events(reply, job))
+    return await stream(request, job, lambda job: _events(state, reply, job))
 
 
-async def _events(reply: ChatReply, job: Job) -> AsyncIterator[str]:
+async def _events(state: ServerState, reply: ChatReply, job: Job) -> AsyncIterator[str]:
     req, n_prompt, n_gen = reply.req, len(reply.prepared.ids), 0
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -173,7 +178,7 @@ async def _events(reply: ChatReply, job: Job) -> AsyncIterator[str]:
             id=reply.id, created=reply.created, model=reply.model, choices=[choice], usage=counted
         ))
 
-    calls = ToolCallStream() if reply.tools else None
+    calls = state.llm.tool_format.stream() if reply.tools else None
     yield chunk(P.DeltaMessage(role="assistant", content=""))
     while True:
         is_event, event = await job.next()
@@ -181,7 +186,7 @@ async def _events(reply: ChatReply, job: Job) -> AsyncIterator[str]:
             break
         n_gen += event.token_id is not None
         if calls is not None:  # content outside the calls; each call whole when it closes
-            text, done = calls.feed(event.text)
+            text, done = calls.feed(event.text, event.token_id)
             if event.finish_reason is not None:
                 text += calls.flush()
             first = len(calls.calls) - len(done)

@@ -1,4 +1,4 @@
-"""fastgemma/tools.py: tools into the prompt, calls out of the text (whole and streamed)."""
+"""fastgemma/tools/hermes.py: tools into the prompt, calls out of the text (whole and streamed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from fastgemma.tools import CALL_CLOSE, CALL_OPEN, ToolCallStream, call_grammar, parse_tool_calls, prompt_messages
+from fastgemma.tools import forced_grammar, offered_tools
+from fastgemma.tools.hermes import CALL_CLOSE, CALL_OPEN, HermesFormat, ToolCallStream, parse_tool_calls, prompt_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -66,23 +67,24 @@ def test_tools_go_into_the_system_message_and_history_into_turns():
         {"role": "tool", "tool_call_id": "c1", "content": "cold"},
         {"role": "tool", "tool_call_id": "c2", "content": "windy"},
     ]
-    out = prompt_messages(messages, [WEATHER], "auto")
+    out = prompt_messages(messages, [WEATHER])
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert out[0]["content"].startswith("Be brief.\n\n# Tools") and '"get_weather"' in out[0]["content"]
     assert out[2]["content"] == _call("get_weather", {"city": "Oslo"})
     assert out[3]["content"] == "<tool_response>\ncold\n</tool_response>\n<tool_response>\nwindy\n</tool_response>"
     assert all(set(m) == {"role", "content"} for m in out)
-    assert prompt_messages(messages[1:2], [WEATHER], "none") == messages[1:2]  # "none": not offered
+    assert offered_tools([WEATHER], "none") is None and offered_tools([WEATHER], "auto") == [WEATHER]
     assert prompt_messages(messages[1:2], None) == messages[1:2]
 
 
 def test_forced_choices_are_grammars_over_the_named_functions():
-    assert call_grammar([WEATHER], "auto", True) is None and call_grammar([WEATHER], "none", True) is None
-    named = call_grammar([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, True)
+    fmt = HermesFormat()
+    assert forced_grammar(fmt, [WEATHER], "auto", True) is None and forced_grammar(fmt, [WEATHER], "none", True) is None
+    named = forced_grammar(fmt, [WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, True)
     assert "get_time" in named.grammar and "get_weather" not in named.grammar and "start: call\n" in named.grammar
-    several = call_grammar([WEATHER, TIME], "required", True)
+    several = forced_grammar(fmt, [WEATHER, TIME], "required", True)
     assert "get_time" in several.grammar and "get_weather" in several.grammar and '("\\n" call)*' in several.grammar
-    one = call_grammar([WEATHER, TIME], "required", False)
+    one = forced_grammar(fmt, [WEATHER, TIME], "required", False)
     assert "start: call\n" in one.grammar
 
 
@@ -95,7 +97,7 @@ def test_forced_grammar_accepts_a_valid_call_and_rejects_bad_arguments(tiny_text
 
     hf = AutoTokenizer.from_pretrained(tiny_text_model)
     compiler = GrammarCompiler(hf, 262144, (1, 106))
-    params = call_grammar([WEATHER], "required", False)
+    params = forced_grammar(HermesFormat(), [WEATHER], "required", False)
     good = hf.encode(f'{CALL_OPEN}\n{{"name": "get_weather", "arguments": {{"city": "Oslo"}}}}\n{CALL_CLOSE}',
                      add_special_tokens=False)
     bad = hf.encode(f'{CALL_OPEN}\n{{"name": "get_weather", "arguments": {{"town": "Oslo"}}}}', add_special_tokens=False)

@@ -1,9 +1,6 @@
-"""Tool calling: how a request's tools reach the prompt, and how calls come back out of the text.
-
-One format for every model, fastgemma's documented default: the Hermes one that vLLM's
-`hermes` parser and Qwen's templates use, written into the conversation so that any chat
-template carries it (Gemma 3's, the embedded base model's fallback, Gemma 4's). The tools are
-listed in a system message:
+"""The Hermes tool-call format: fastgemma's default, for chat templates without a format of
+their own (Gemma 3's, the embedded base model's fallback). vLLM's `hermes` parser and Qwen's
+templates use it. The tools are listed in a system message:
 
     # Tools
     You may call one or more functions ... within <tools></tools> XML tags:
@@ -21,25 +18,17 @@ and the model answers with calls such as
 
 An assistant message's `tool_calls` are written back in that form, and `tool` messages become
 user turns holding `<tool_response>...</tool_response>` (Gemma's turns are user and model).
-Gemma 4's own call syntax (`<|tool_call>call:name{...}<tool_call|>`, written with special
-tokens) is not used yet: its template is not rendered with `tools`, so that every call the
-model makes is one fastgemma parses and, under a forced choice, enforces.
-
-tool_choice (OpenAI's): "none" leaves the tools out of the prompt; "auto" (the default with
-tools) lets the model choose and parses calls out of its text; "required" and a named
-function are enforced with a grammar (engine/structured_output.py) in which each call's
-`arguments` follow that function's JSON schema, so they always validate; with
-`parallel_tool_calls: false`, or a named function, exactly one call.
+Calls are found in the text (plain characters); a forced choice is a Lark grammar whose
+`arguments` follow each function's JSON schema.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastgemma.engine.structured_output import StructuredOutputsParams
+from fastgemma.tools.call import ToolCall, history_arguments, text_of
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -53,70 +42,42 @@ SYSTEM_PROMPT = (
 )
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON object, as text
-    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
 
-
-def prompt_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any = "auto"
-) -> list[dict[str, Any]]:
-    """The messages for the chat template, with `tools` (OpenAI's tool objects) offered in a
-    system message unless tool_choice is "none", and tool-call history written as text."""
-    offered = tools if tools and tool_choice != "none" else None
+def prompt_messages(messages: list[dict[str, Any]], offered: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The messages for the chat template: the `offered` tools (OpenAI's tool objects, or
+    None) in the system message, tool-call history written as text."""
     out: list[dict[str, Any]] = []
     if offered:  # into the conversation's system message (first), or one of its own
         listing = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in offered))
         if messages and messages[0]["role"] == "system":
             first, messages = messages[0], messages[1:]
-            listing = f"{_text(first.get('content'))}\n\n{listing}"
+            listing = f"{text_of(first.get('content'))}\n\n{listing}"
         out.append({"role": "system", "content": listing})
     for m in messages:
         if m["role"] == "tool":
-            text = f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"
+            text = f"<tool_response>\n{text_of(m.get('content'))}\n</tool_response>"
             if out and out[-1]["role"] == "user" and out[-1].get("_tool_response"):
                 out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
             else:
                 out.append({"role": "user", "content": text, "_tool_response": True})
         elif m["role"] == "assistant" and m.get("tool_calls"):
             calls = "\n".join(
-                f"{CALL_OPEN}\n" + json.dumps({"name": c["function"]["name"], "arguments": _arguments(c)}, ensure_ascii=False)
+                f"{CALL_OPEN}\n"
+                + json.dumps({"name": c["function"]["name"], "arguments": history_arguments(c)}, ensure_ascii=False)
                 + f"\n{CALL_CLOSE}"
                 for c in m["tool_calls"]
             )
-            text = _text(m.get("content"))
+            text = text_of(m.get("content"))
             out.append({"role": "assistant", "content": f"{text}\n{calls}" if text else calls})
         else:
             out.append({k: v for k, v in m.items() if k not in ("tool_calls", "tool_call_id")})
     return [{k: v for k, v in m.items() if k != "_tool_response"} for m in out]
 
 
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-
-
-def _arguments(call: dict[str, Any]) -> Any:
-    raw = call["function"].get("arguments", "{}")
-    try:
-        return json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        return raw
-
-
-def call_grammar(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool) -> StructuredOutputsParams | None:
-    """The grammar that enforces "required" or a named function (None for "auto" / "none"):
-    one call, or (required with parallel calls) one or more separated by newlines, each
-    `arguments` following its function's parameters schema."""
-    if tool_choice in (None, "auto", "none"):
-        return None
-    named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
-    functions = [t["function"] for t in tools if named is None or t["function"]["name"] == named]
+def call_grammar(functions: list[dict[str, Any]], several: bool) -> StructuredOutputsParams:
+    """The grammar of a forced choice among `functions` (OpenAI's `function` objects): one
+    call, or (`several`) one or more separated by newlines, each `arguments` following its
+    function's parameters schema."""
     options = [
         {
             "type": "object",
@@ -130,7 +91,6 @@ def call_grammar(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool) 
         for f in functions
     ]
     schema = {**(options[0] if len(options) == 1 else {"anyOf": options}), "x-guidance": _JSON_STYLE}
-    several = named is None and parallel
     lark = (
         ('start: call ("\\n" call)*\n' if several else "start: call\n")
         + f"call: {json.dumps(CALL_OPEN + chr(10))} body {json.dumps(chr(10) + CALL_CLOSE)}\n"
@@ -201,8 +161,8 @@ class ToolCallStream:
         self.text, self.sent = "", ""
         self.calls: list[ToolCall] = []
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
-        """(content to send now, calls completed by this text)."""
+    def feed(self, text: str, token_id: int | None = None) -> tuple[str, list[ToolCall]]:
+        """(content to send now, calls completed by this text); `token_id` is not needed."""
         self.text += text
         return self._advance(final=False)
 
@@ -224,3 +184,21 @@ def _partial_open(text: str) -> int:
         if CALL_OPEN.startswith(text[-n:]):
             return n
     return 0
+
+
+class HermesFormat:
+    """The Hermes format behind the interface every format has (tools/__init__.py)."""
+
+    name = "hermes"
+
+    def prompt(self, messages: list[dict[str, Any]], offered: list[dict[str, Any]] | None) -> tuple[list, None]:
+        return prompt_messages(messages, offered), None
+
+    def grammar(self, functions: list[dict[str, Any]], several: bool) -> StructuredOutputsParams:
+        return call_grammar(functions, several)
+
+    def parse(self, text: str, token_ids: list[int]) -> tuple[str | None, list[ToolCall]]:
+        return parse_tool_calls(text)
+
+    def stream(self) -> ToolCallStream:
+        return ToolCallStream()
