@@ -16,8 +16,9 @@ nothing of sampling, stopping or text. Every method takes the cache slot it work
 - `decode_batch(rows)`: one decode-like forward over rows of many sequences, each
   `DecodeRows(slot, ids, position, greedy, allowed)` (the last token and any drafted ones at
   positions position..; greedy rows pick among the ids of their grammar bitmask, if any);
-  per sequence the greedy tokens or the logits [K + 1, V] and its hidden rows. Every row is bit for bit its sequence's one-token step (models/kv_cache.py),
-  so a sequence's output does not depend on its neighbours. With the row-invariant native
+  per sequence the greedy tokens or the logits [K + 1, V] and its hidden rows. Every row is
+  bit for bit its sequence's one-token step (models/kv_cache.py), so a sequence's output
+  does not depend on its neighbours. With the row-invariant native
   kernels (`batched`) all rows share one forward (at most `NATIVE_MAX_ROWS`, split into
   several forwards beyond); otherwise each sequence runs its own.
 - `decode(id, position)`, `decode_greedy(...)`, `verify(ids, position, greedy)`: one

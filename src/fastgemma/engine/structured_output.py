@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -209,7 +209,6 @@ class Grammar:
 
     matcher: Any  # llguidance.LLMatcher
     vocab_size: int
-    num_accepted: int = field(default=0)
 
     @property
     def words(self) -> int:
@@ -243,7 +242,6 @@ class Grammar:
         """Advance past an emitted token (one the mask allowed)."""
         if not self.matcher.consume_token(token_id):
             raise RuntimeError(f"structured output grammar rejected token {token_id}: {self.matcher.get_error()}")
-        self.num_accepted += 1
 
     @property
     def is_terminated(self) -> bool:

@@ -60,7 +60,7 @@ async def chat_completions(state: ServerState, request: Request, body: dict[str,
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     _check_tools(req)
     p = await off_loop(state, lambda: _prepare(state, req))
-    offered = bool(req.tools) and req.tool_choice != "none"
+    offered = offered_tools(req.tools, req.tool_choice) is not None
     reply = ChatReply(req, p, req.top_logprobs or 0, offered, P.random_id("chatcmpl"), P.now(), state.served_model_name)
     if req.stream:
         return await _stream(state, request, reply)
