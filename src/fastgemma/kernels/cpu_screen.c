@@ -26,11 +26,14 @@ static inline float out_round(float x, int round_bf16, const uint16_t *table) {
 }
 
 static inline int is_allowed(const uint32_t *allowed, int64_t i) {
-    return !allowed || ((allowed[i >> 5] >> (i & 31)) & 1u);
+    return (allowed[i >> 5] >> (i & 31)) & 1u;
 }
 
-int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V, int round_bf16,
-                      const uint16_t *table, const uint32_t *allowed, float *err, uint8_t *keep, int64_t *idx) {
+/* `use_mask` is a constant at each call below, so the unmasked selection compiles to the
+ * loops it had before masks existed (no per-row test on the plain greedy path). */
+static inline __attribute__((always_inline)) int64_t select_rows(
+        const float *a, const float *coef, float hnorm, int64_t V, int round_bf16, const uint16_t *table,
+        const int use_mask, const uint32_t *allowed, float *err, uint8_t *keep, int64_t *idx) {
     float best = -INFINITY;
     int bad = 0;
     #pragma omp parallel for schedule(static) reduction(max:best) reduction(|:bad)
@@ -38,16 +41,23 @@ int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V,
         const float e = coef[i] * hnorm + fabsf(a[i]) * 0x1p-20f;
         err[i] = e;
         bad |= !isfinite(e);  /* a non-finite a[i] makes e non-finite too */
-        if (!is_allowed(allowed, i)) continue;
+        if (use_mask && !is_allowed(allowed, i)) continue;
         const float lo = out_round(a[i] - e, round_bf16, table);
         if (lo > best) best = lo;
     }
     if (bad) return -1;
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < V; i++)
-        keep[i] = is_allowed(allowed, i) && out_round(a[i] + err[i], round_bf16, table) >= best;
+        keep[i] = (!use_mask || is_allowed(allowed, i)) && out_round(a[i] + err[i], round_bf16, table) >= best;
     int64_t n = 0;
     for (int64_t i = 0; i < V; i++)
         if (keep[i]) idx[n++] = i;
     return n;
+}
+
+int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V, int round_bf16,
+                      const uint16_t *table, const uint32_t *allowed, float *err, uint8_t *keep, int64_t *idx) {
+    if (allowed)
+        return select_rows(a, coef, hnorm, V, round_bf16, table, 1, allowed, err, keep, idx);
+    return select_rows(a, coef, hnorm, V, round_bf16, table, 0, allowed, err, keep, idx);
 }
