@@ -1,7 +1,8 @@
 """Structured outputs: a grammar per sequence, applied as the set of tokens it allows next.
 
     params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
-    grammar = compiler.compile(params.structured_outputs)  # per request; ValueError naming the field
+    compiler.check(params.structured_outputs)              # ValueError naming the field (the server, up front)
+    grammar = compiler.compile(params.structured_outputs)  # per sequence (its matcher)
     grammar.bitmask()              -> int32 [W]: the ids allowed next (W = ceil(V / 32); bit
                                       i & 31 of word i >> 5, as llguidance and vLLM lay it out)
     grammar.verification(draft)    -> (the draft's longest prefix the grammar accepts,
@@ -186,21 +187,36 @@ class GrammarCompiler:
                 release_free_memory()  # the serialised tokenizer it was built from
             return self._tokenizer
 
-    def compile(self, params: StructuredOutputsParams) -> Grammar:
-        """ValueError naming the request field when the grammar, schema or regex is not valid."""
+    def check(self, params: StructuredOutputsParams) -> None:
+        """ValueError naming the request field when the grammar, schema or regex is not valid
+        (the server's check, before a request is queued)."""
         from llguidance import LLMatcher
 
-        tokenizer = self.tokenizer
+        text = self._convert(params)
+        if error := LLMatcher.validate_grammar(text, self.tokenizer):
+            raise _invalid(params, error)
+
+    def compile(self, params: StructuredOutputsParams) -> Grammar:
+        """One sequence's matcher; ValueError as `check` says."""
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.tokenizer, self._convert(params), log_level=0)
+        if matcher.is_error():
+            raise _invalid(params, matcher.get_error())
+        return Grammar(matcher, self.vocab_size)
+
+    @staticmethod
+    def _convert(params: StructuredOutputsParams) -> str:
         try:
-            text = params.to_llguidance()
-            error = LLMatcher.validate_grammar(text, tokenizer)
+            return params.to_llguidance()
         except ValueError:
             raise
         except Exception as e:  # the grammar converters' other complaints about user input
-            error = f"{type(e).__name__}: {e}"
-        if error:
-            raise ValueError(f"{params.param}: not a valid {params.kind}: {error.strip().splitlines()[0]}")
-        return Grammar(LLMatcher(tokenizer, text, log_level=0), self.vocab_size)
+            raise _invalid(params, f"{type(e).__name__}: {e}") from None
+
+
+def _invalid(params: StructuredOutputsParams, error: str) -> ValueError:
+    return ValueError(f"{params.param}: not a valid {params.kind}: {error.strip().splitlines()[0]}")
 
 
 @dataclass

@@ -239,8 +239,8 @@ def structured_outputs(
     state: ServerState, req: Any, tool_grammar: StructuredOutputsParams | None = None
 ) -> StructuredOutputsParams | None:
     """The request's output constraint (response_format, structured_outputs, or the tools'
-    grammar under tool_choice "required" / a named function), compiled once here so that a
-    bad schema, regex or grammar is a 400 naming its field before anything runs."""
+    grammar under tool_choice "required" / a named function), checked here so that a bad
+    schema, regex or grammar is a 400 naming its field before anything runs."""
     given = []
     rf = req.response_format
     if rf is not None and rf.type != "text":
@@ -273,7 +273,7 @@ def structured_outputs(
     except ValueError as e:
         raise APIError(400, str(e), given[0]) from None
     try:
-        state.llm.engine.grammars.compile(params)
+        state.llm.engine.grammars.check(params)
     except ValueError as e:
         raise APIError(400, str(e), params.param) from None
     return params
