@@ -67,9 +67,16 @@ class Gemma4Format:
 
     def parse(self, text: str, token_ids: list[int]) -> tuple[str | None, list[ToolCall]]:
         """(the text outside the calls, stripped, or None when empty; the calls)."""
-        stream = self.stream()
-        content = "".join(stream.feed_ids([t]) for t in token_ids) + stream.flush_ids()
-        return (content.strip() or None) if stream.calls else text, stream.calls
+        stream, outside, pieces = self.stream(), [], []  # outside: ids between calls, decoded whole
+        for t in token_ids:
+            if stream.inside is None and t != self.open:
+                outside.append(t)
+                continue
+            pieces.append(self.tokenizer.decode(outside))
+            outside = []
+            pieces.append(stream.feed("", t)[0])  # a call's tokens: nothing, or its text if it is not one
+        pieces += [self.tokenizer.decode(outside), stream.flush()]
+        return ("".join(pieces).strip() or None) if stream.calls else text, stream.calls
 
     def stream(self) -> Gemma4CallStream:
         return Gemma4CallStream(self)
@@ -132,17 +139,6 @@ class Gemma4CallStream:
 
     def flush(self) -> str:
         """An unfinished call, as text."""
-        return self.flush_ids()
-
-    def feed_ids(self, ids: list[int]) -> str:
-        """Non-streaming use: the content of these ids (decoded here)."""
-        out = []
-        for t in ids:
-            text, _ = self.feed(self.fmt.tokenizer.decode([t]), t)
-            out.append(text)
-        return "".join(out)
-
-    def flush_ids(self) -> str:
         if self.inside is None:
             return ""
         body, self.inside = self.inside, None
@@ -151,47 +147,47 @@ class Gemma4CallStream:
 
 def _value(s: str, i: int) -> tuple[Any, int]:
     """The value starting at s[i] (spaces skipped) and the index after it; ValueError if none."""
-    while s[i].isspace():
-        i += 1
+    i = _skip(s, i)
     if s.startswith(QUOTE, i):
         end = s.index(QUOTE, i + len(QUOTE))
         return s[i + len(QUOTE) : end], end + len(QUOTE)
     if s[i] == "{":
-        out, i = {}, i + 1
-        while True:
-            while s[i].isspace():
-                i += 1
-            if s[i] == "}":
-                return out, i + 1
-            key = _KEY.match(s, i)
-            if key is None:
-                raise ValueError(f"no key at {i}")
-            out[key.group(1)], i = _value(s, key.end())
-            while s[i].isspace():
-                i += 1
-            if s[i] == ",":
-                i += 1
-            elif s[i] != "}":
-                raise ValueError(f"expected , or }} at {i}")
+        pairs, i = _items(s, i + 1, "}", _pair)
+        return dict(pairs), i
     if s[i] == "[":
-        items, i = [], i + 1
-        while True:
-            while s[i].isspace():
-                i += 1
-            if s[i] == "]":
-                return items, i + 1
-            item, i = _value(s, i)
-            items.append(item)
-            while s[i].isspace():
-                i += 1
-            if s[i] == ",":
-                i += 1
-            elif s[i] != "]":
-                raise ValueError(f"expected , or ] at {i}")
+        return _items(s, i + 1, "]", _value)
     literal = _NUMBER.match(s, i)
     if literal is None:
         raise ValueError(f"no value at {i}")
     return json.loads(literal.group(0)), literal.end()
+
+
+def _pair(s: str, i: int) -> tuple[tuple[str, Any], int]:
+    key = _KEY.match(s, i)
+    if key is None:
+        raise ValueError(f"no key at {i}")
+    value, i = _value(s, key.end())
+    return (key.group(1), value), i
+
+
+def _items(s: str, i: int, close: str, item: Any) -> tuple[list[Any], int]:
+    """Comma-separated `item`s from s[i] up to `close`; (the items, the index after `close`)."""
+    out = []
+    while (i := _skip(s, i)) < len(s) and s[i] != close:
+        value, i = item(s, i)
+        out.append(value)
+        i = _skip(s, i)
+        if s[i] == ",":
+            i += 1
+        elif s[i] != close:
+            raise ValueError(f"expected , or {close} at {i}")
+    return out, i + 1
+
+
+def _skip(s: str, i: int) -> int:
+    while i < len(s) and s[i].isspace():
+        i += 1
+    return i
 
 
 _KEYWORDS = {"type", "properties", "required", "items", "enum", "const", "maxLength", "description", "title",
