@@ -209,7 +209,7 @@ class ModelRunner:
             constrained = rows.greedy and rows.allowed is not None  # the graph's argmax knows no grammar
             step = self.static[rows.slot].run(rows.ids, rows.position, want_logits=not rows.greedy or constrained)
             if constrained:
-                tokens = torch.argmax(masked(step.logits, rows.allowed.to(step.logits.device)), dim=-1).tolist()
+                tokens = torch.argmax(masked(step.logits, rows.allowed), dim=-1).tolist()
                 return DecodeResult(tokens, None, step.hidden)
             return DecodeResult(step.tokens if rows.greedy else None, step.logits, step.hidden)
         return self._decode_rows([rows])[0]

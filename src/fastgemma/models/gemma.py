@@ -292,7 +292,7 @@ class GemmaForCausalLM(nn.Module):
             return self.lm_head_screen.argmax(hidden, allowed)
         logits = self.compute_logits(hidden)
         if allowed is not None:
-            logits = torch.stack([row if m is None else masked(row, m.to(row.device)) for row, m in zip(logits, allowed)])
+            logits = torch.stack([row if m is None else masked(row, m) for row, m in zip(logits, allowed)])
         return torch.argmax(logits, dim=-1).tolist()
 
     def finalize_logits(self, logits: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,9 @@ same bits as computing it. What paging would save is the full layers' unused tai
 slot; instead a pool sizes the full layers to what is used: `capacity` positions per slot,
 starting at `INITIAL_CAPACITY` and doubled (up to max_model_len) when a chunk or row would
 reach past it — the buffers are reallocated with the old contents copied, between forwards
-(`KVCachePool.reserve`, called by `metadata` / `decode_metadata`); `generation` counts the reallocations, so that whoever
-keeps buffer addresses (kernels/decode_layers.py) knows to take them again. A pool for
+(`KVCachePool.reserve`, called by `metadata` / `decode_metadata`); `generation` counts the
+reallocations, so that whoever keeps buffer addresses (kernels/decode_layers.py) knows to
+take them again. A pool for
 fixed-shape steps (scratch slot: CUDA graphs keep addresses) is allocated whole.
 
 Layout of one sequence's cache (`KVCache`; no batch dimension):

@@ -1,6 +1,7 @@
 """POST /v1/completions: one choice per prompt, vLLM's fields (echo, logprobs,
-prompt_logprobs, return_token_ids, stream_options, response_format / structured_outputs). Prompts are tokenised and checked on the
-pre-processing thread; generation, prompt scoring and logprob formatting run on the worker."""
+prompt_logprobs, return_token_ids, stream_options, response_format / structured_outputs).
+Prompts are tokenised and checked on the pre-processing thread; generation, prompt scoring
+and logprob formatting run on the worker."""
 
 from __future__ import annotations
 
