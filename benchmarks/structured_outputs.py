@@ -7,8 +7,9 @@ turns, greedy. Unconstrained requests run with ignore_eos; constrained ones foll
 that cannot end before the token budget (an array of at least 64 records), so both produce
 `--output-len` tokens. Rounds alternate the two modes; the figures are medians of the
 aggregate decode tok/s (generated tokens / wall seconds of the batch, prefill excluded by
-timing a 1-token run of the same batch first). Also printed: the grammar's own cost per
-token (mask computation, measured on the constrained outputs replayed through a matcher).
+timing a 1-token run of the same batch first). Also printed: what building the grammar
+engine's view of the vocabulary costs (time, resident memory), and the grammar's own cost
+per token (mask computation, measured on the constrained outputs replayed through a matcher).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 
 from fastgemma import LLM, SamplingParams, StructuredOutputsParams
 from fastgemma.data import challenge_file
+from fastgemma.memory import resident_bytes
 from fastgemma.verify.data import load_prompts
 
 SCHEMA = {
@@ -55,6 +57,10 @@ def main() -> None:
         "plain": dict(ignore_eos=True),
         "json schema": dict(structured_outputs=constraint),
     }
+    before, start = resident_bytes(), time.perf_counter()
+    llm.engine.grammars.tokenizer  # noqa: B018  (built on the first constrained request)
+    print(f"grammar vocabulary (first constrained request): {time.perf_counter() - start:.1f} s, "
+          f"{(resident_bytes() - before) / 2**20:.0f} MiB resident added")
     llm.generate(chats[:1], SamplingParams(max_tokens=4, temperature=0.0, structured_outputs=constraint))  # warm-up
     print(f"{'concurrency':>11} {'mode':>12} {'decode tok/s (median)':>22}  rounds")
     results = {}

@@ -137,7 +137,7 @@ def test_forced_tool_calls_validate_streamed_and_not(oai, choice):
     ]
 
 
-def test_a_tool_conversation_round_trips(oai):
+def test_a_tool_conversation_round_trips(oai, served):
     """An assistant's tool_calls and the tool's answer go back into the prompt; the next turn runs."""
     first = oai.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
                                         parallel_tool_calls=False, max_tokens=60, temperature=0)
@@ -147,8 +147,12 @@ def test_a_tool_conversation_round_trips(oai):
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
     ]
-    r = oai.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=8, temperature=0)
-    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    r = oai.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=8, temperature=0,
+                                    extra_body={"return_token_ids": True})
+    prompt = served.state.llm.tokenizer.decode(r.prompt_token_ids, skip_special_tokens=False)
+    assert f'<tool_call>\n{{"name": "get_weather", "arguments": {call.function.arguments}}}\n</tool_call>' in prompt
+    assert '<tool_response>\n{"temperature": 21}\n</tool_response>' in prompt
+    assert prompt.index("<tool_call>") < prompt.index("<tool_response>") and r.choices[0].finish_reason
 
 
 def test_constrained_greedy_equals_the_plain_masked_argmax(served):

@@ -21,13 +21,13 @@ the output equals non-speculative constrained decoding's.
 The grammar engine is llguidance (guidance-ai; llama.cpp's and one of vLLM's backends):
 no dependencies beyond its own wheel (CPU-only, any Python >= 3.9), the broadest JSON-schema
 coverage of the engines measured in JSONSchemaBench, masks computed lazily per step in
-tens to hundreds of microseconds over Gemma's 262k vocabulary (measured here: 0.01-0.2 ms;
-no grammar compilation pass ahead of time), Lark / GBNF grammars, regexes, and token-level
+tens of microseconds over Gemma's 262k vocabulary (0.02 ms a token on average here,
+benchmarks/structured_outputs.py; no grammar compilation pass ahead of time), Lark / GBNF grammars, regexes, and token-level
 rollback and draft validation, which speculation needs. xgrammar precompiles per-grammar
 token caches (fast masks after a compile that takes longer per schema) and pulls torch,
 triton and transformers as dependencies. The tokenizer's llguidance form is built once
-per engine, on the first request that needs it (for Gemma's 262k tokens: about 4 s and
-200 MiB held, measured here), so engines that never constrain pay nothing.
+per engine, on the first request that needs it (for Gemma's 262k tokens: 4.4 s and 219 MiB
+resident, measured by the same benchmark), so engines that never constrain pay nothing.
 
 Request shapes (vLLM's `StructuredOutputsParams`): exactly one of `json` (a JSON schema),
 `json_object` (any JSON object), `regex`, `choice` (one of the strings), `grammar` (Lark, or
