@@ -1,17 +1,22 @@
 """The most memory one request can take at the server's limits (README "Serving", the budget).
 
-    python benchmarks/request_memory.py [image-L | image-RGB | body] ...   (default: all three)
+    python benchmarks/request_memory.py [image-L | image-RGB | body-ids | body-strings | body-text] ...
+                                                                      (default: all)
 
 Each case runs in a fresh process and prints one JSON line: the peak resident memory it
-added (MiB, from `ru_maxrss`) and the seconds it took.
+added (MiB: the peak resident size, `VmHWM`, reset once the input is built, less the size
+then) and the seconds it took.
 - image-L / image-RGB: the largest image the limits accept (40 Mpx, `MAX_IMAGE_PIXELS`), as a
   PNG data URL, decoded (`decode_image`) and preprocessed (Gemma 4's image processor);
   grayscale costs the most, being widened to RGB;
-- body: a body just under `MAX_BODY_BYTES`, all token ids (the most Python objects per byte),
-  parsed and validated as a completion request (then refused as too long); the seconds are
-  the time the event loop holds the GIL for it.
-tests/multimodal/test_media.py and tests/server/test_hostile_input.py run the image-L and body
-cases and hold them under 640 MiB.
+- body-*: the costliest bodies the server parses (`parse_json_body`) and validates as a
+  completion request, on its event loop, holding the GIL: the seconds are the stall every
+  stream feels. body-ids: `MAX_JSON_VALUES` token ids (the most values); body-strings: as
+  many short strings (the most objects validation builds); body-text: one string just under
+  `MAX_BODY_BYTES` of 4-byte characters (the most memory: Python stores it at 4 bytes a
+  character).
+tests/multimodal/test_media.py and tests/server/test_hostile_input.py run the image-L and
+body cases and hold them under 640 MiB.
 """
 
 from __future__ import annotations
@@ -21,12 +26,11 @@ import subprocess
 import sys
 
 CASES = {
-    "image-L": "image", "image-RGB": "image", "body": "body",
+    "image-L": "image", "image-RGB": "image", "body-ids": "body", "body-strings": "body", "body-text": "body",
 }
 
 
 def measure(case: str) -> None:
-    import resource
     import time
 
     if CASES[case] == "image":
@@ -44,19 +48,42 @@ def measure(case: str) -> None:
         url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
         del buf
         processor = Gemma4ImageProcessorPil()
-        base, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+        base, start = _reset_peak(), time.perf_counter()
         processor([decode_image(url)], return_tensors="pt")
     else:
         from fastgemma.server import protocol as P
-        from fastgemma.server.handling import MAX_BODY_BYTES
+        from fastgemma.server.errors import APIError
+        from fastgemma.server.handling import MAX_BODY_BYTES, MAX_JSON_VALUES, parse_json_body
 
-        body = ('{"prompt": [' + ",".join(["100000"] * (MAX_BODY_BYTES // 7 - 10)) + "]}").encode()
+        n = MAX_JSON_VALUES - 8
+        prompt = {
+            "body-ids": "[" + ",".join(["100000"] * n) + "]",
+            "body-strings": "[" + ",".join(['"ab"'] * n) + "]",
+            "body-text": '"' + "\U0001F600" * ((MAX_BODY_BYTES - 64) // 4) + '"',
+        }[case]
+        body = ('{"prompt": ' + prompt + ', "max_tokens": 1}').encode()
+        del prompt
         assert len(body) <= MAX_BODY_BYTES
-        base, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
-        P.CompletionRequest.model_validate(json.loads(body))
+        base, start = _reset_peak(), time.perf_counter()
+        try:
+            P.CompletionRequest.model_validate(parse_json_body(body))
+        except APIError as e:
+            raise SystemExit(f"{case}: refused: {e.message}") from None
     seconds = time.perf_counter() - start
-    added = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024
+    added = (_status_kib("VmHWM") - base) // 1024
     print(json.dumps({"case": case, "peak_mib": added, "seconds": round(seconds, 2)}))
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _reset_peak() -> int:
+    """Resets the process's peak resident size to its current size (Linux); that size, KiB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kib("VmRSS")
 
 
 def run(case: str) -> dict:

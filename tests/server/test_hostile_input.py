@@ -107,12 +107,62 @@ def test_error_messages_hold_no_object_reprs(client):
     _still_serves(client)
 
 
-def test_json_depth_counts_outside_strings():
-    from fastgemma.server.handling import json_depth
+def test_json_counts_and_depth_see_only_structure():
+    from fastgemma.server.handling import json_counts, json_depth
 
-    assert json_depth(json.dumps({"a": "[[[[{{{{", "b": [[1]]}).encode()) == 3
-    assert json_depth(b'{"x": "\\"[[", "y": {}}') == 2
-    assert json_depth(b"[" * 70 + b"]" * 70) == 70
+    assert json_counts(json.dumps({"a": "[[,{{,", "b": [[1, 2]]}).encode()) == (3, 3)
+    assert json_counts(b'{"x": "\\"[,", "y": "\\\\", "z": {}}') == (3, 2)  # escaped quote, escaped backslash
+    assert json_depth({"a": "[[[[{{{{", "b": [[1]]}) == 3
+    assert json_depth([[], {"a": [[[]]]}]) == 5 and json_depth(7) == 0
+
+
+@pytest.mark.parametrize("prompt, what", [
+    ("[" + ",".join(["7"] * 300_000) + "]", "JSON values"),  # about 2 MB of token ids
+    ("[" + ",".join(["[7]"] * 20_000) + "]", "arrays / objects"),
+])
+def test_too_many_values_are_a_400_before_parsing(client, prompt, what):
+    start = time.monotonic()
+    r = client.post("/v1/completions", content=f'{{"prompt": {prompt}, "max_tokens": 1}}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and what in r.json()["error"]["message"], r.text
+    assert time.monotonic() - start < 5
+    _still_serves(client)
+
+
+def test_brackets_and_commas_inside_strings_do_not_count(client):
+    r = client.post("/v1/completions", json={**OK, "user": "{[,\"" * 100_000})  # 400k in a string
+    assert r.status_code == 200, r.text
+
+
+def test_a_large_body_does_not_stall_the_streams(server, client):
+    """A body just under the limit (one 60 MB string, refused after parsing as too long in
+    bytes) is parsed on the event loop: the tokens of a stream running beside it keep coming
+    (the string scan that once found the nesting depth held the loop ~20 s on such a body)."""
+    import threading
+
+    body = {"prompt": "Go", "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True}
+    arrivals: list[float] = []
+
+    def read_stream() -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
+            for _ in r.iter_lines():
+                arrivals.append(time.monotonic())
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    while len(arrivals) < 5:
+        time.sleep(0.01)
+    big = b'{"max_tokens": 1, "prompt": "' + "\u00e9x ".encode() * 7_500_000 + b'"}'
+    sent = time.monotonic()
+    r = client.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+    answered = time.monotonic()
+    reader.join(timeout=120)
+    assert r.status_code == 400 and "bytes, more than max_model_len" in r.json()["error"]["message"], r.text[:300]
+    assert arrivals[-1] > answered, "the stream ended before the large request was answered: make it longer"
+    during = [t for t in arrivals if sent <= t <= answered]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    assert during and max(gaps, default=0) < 2.0, (answered - sent, max(gaps, default=0))
+    _still_serves(client)
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
@@ -130,15 +180,16 @@ def test_a_prompt_too_long_in_bytes_is_refused_before_tokenising(client, server,
     _still_serves(client)
 
 
-def test_the_largest_accepted_body_stays_within_the_memory_budget():
-    """README's budget: a body just under the 64 MiB limit, all token ids (the most Python
-    objects per byte), takes at most 640 MiB to parse and validate before the prompt is
-    refused as too long. Peak resident memory of a fresh process (benchmarks/request_memory.py)."""
+@pytest.mark.parametrize("case", ["body-ids", "body-strings", "body-text"])
+def test_the_costliest_bodies_stay_within_the_memory_budget(case):
+    """README's budget: the bodies that cost the most to parse and validate (the most values,
+    the most strings, the largest string) take at most 640 MiB. Peak resident memory of a
+    fresh process (benchmarks/request_memory.py)."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "request_memory.py"
-    out = subprocess.run([sys.executable, str(script), "body"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 0 < json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"] < 640

@@ -30,8 +30,12 @@ from fastgemma.server.worker import Cancelled, Job, QueueFull
 log = logging.getLogger("fastgemma.server")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-MAX_JSON_DEPTH = 64  # arrays / objects nested deeper are refused before the parser recurses
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # JSON string literals (brackets inside them do not nest)
+MAX_JSON_DEPTH = 64  # arrays / objects nested deeper are refused
+MAX_JSON_VALUES = 1 << 18  # array elements / object members: bounds the objects a parse makes
+MAX_JSON_CONTAINERS = 1 << 14  # arrays and objects: bounds the objects validation builds
+# A `\uD800`-`\uDFFF` escape: the only way JSON text in UTF-8 can carry a string that UTF-8
+# cannot (a lone half of a pair). Emoji escaped as pairs match too; `json.dumps` then decides.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 async def handle(
@@ -69,54 +73,100 @@ def _check_auth(state: ServerState, request: Request) -> None:
 
 
 async def _read_json(request: Request) -> Any:
-    """The body as a JSON object: refused by its declared length before it is read, by its
-    nesting before it is parsed, and where a string holds what UTF-8 cannot carry."""
+    """The body as a JSON object, refused by its declared length before it is read."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
-    if json_depth(raw) > MAX_JSON_DEPTH:
-        raise APIError(400, f"the request body nests arrays / objects deeper than {MAX_JSON_DEPTH} levels")
+    return parse_json_body(raw)
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """`raw` as a JSON object, or an `APIError` 400 saying what to change.
+
+    This runs on the event loop holding the GIL, so its cost is bounded for any body under
+    `MAX_BODY_BYTES`: the values and containers are counted by C scans (`json_counts`) before
+    the parser makes an object of each; later passes are C code or visit containers only,
+    except the walk that names a field holding a lone surrogate, which runs only for a body
+    refused for it (benchmarks/request_memory.py times the worst cases)."""
+    values, containers = json_counts(raw)
+    if values > MAX_JSON_VALUES:
+        raise APIError(400, f"the request body holds more than {MAX_JSON_VALUES} JSON values; send fewer")
+    if containers > MAX_JSON_CONTAINERS:
+        raise APIError(400, f"the request body holds more than {MAX_JSON_CONTAINERS} arrays / objects; send fewer")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        text = raw.decode("utf-8")
+        body = json.loads(text)
+    except RecursionError:
+        raise APIError(400, _TOO_DEEP) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON in UTF-8: {e}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
-    if (where := _unencodable(body, "")) is not None:
+    if containers > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
+        raise APIError(400, _TOO_DEEP)
+    if _SURROGATE_ESCAPE.search(text) and not _encodable(json.dumps(body, ensure_ascii=False)):
+        where = _unencodable(body)
         raise APIError(400, f"{where or 'a key'}: the string holds a lone surrogate, which UTF-8 cannot carry", where or None)
     return body
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of `[` / `{` in a JSON text, strings skipped (numpy: no Python loop)."""
-    import numpy as np
+def json_counts(raw: bytes) -> tuple[int, int]:
+    """(values, containers) of a JSON text, counted outside strings with C scans only:
+    `,` separators + 1 and the `[` / `{` openers. Escapes are dropped first (a backslash
+    escapes the next byte, so removing `\\\\` pairs, then `\\"`, leaves only the quotes that
+    delimit strings); the text between every other quote is outside strings. Invalid JSON
+    gives some count; the parser then refuses it."""
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+    quotes = text.count(b'"')
+    if quotes > 4 * MAX_JSON_VALUES:  # keys and string values: more than the values allow
+        return quotes // 2, 0
+    outside = b"".join(text.split(b'"')[0::2])
+    return outside.count(b",") + 1, outside.count(b"[") + outside.count(b"{")
 
-    text = np.frombuffer(_STRINGS.sub(b'""', raw), dtype=np.uint8)
-    if text.size == 0:
-        return 0
-    step = np.isin(text, (ord("["), ord("{"))).astype(np.int64) - np.isin(text, (ord("]"), ord("}")))
-    return int(np.cumsum(step).max(initial=0))
+
+_TOO_DEEP = f"the request body nests arrays / objects deeper than {MAX_JSON_DEPTH} levels"
+_CONTAINERS = (list, dict)
 
 
-def _unencodable(value: Any, path: str) -> str | None:
+def json_depth(value: Any) -> int:
+    """How deeply arrays / objects nest in a parsed JSON value (a scalar: 0). Visits
+    containers only: scalars are skipped by a comprehension, not a loop of ours."""
+    deepest, level = 0, [value] if type(value) in _CONTAINERS else []
+    while level:
+        deepest += 1
+        level = [x for c in level for x in (c.values() if type(c) is dict else c) if type(x) in _CONTAINERS]
+    return deepest
+
+
+def _unencodable(body: dict[str, Any]) -> str | None:
     """The path of the first string (key or value) that is not valid Unicode text, or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
-        return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        where = f"{path}.{key}" if isinstance(key, str) and path else (key if isinstance(key, str) else f"{path}[{key}]")
-        if isinstance(key, str) and _unencodable(key, where) is not None:
-            return where
-        if (found := _unencodable(item, where)) is not None:
-            return found
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not _encodable(value):
+                return path
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        children = []
+        for key, item in items:
+            where = f"{path}.{key}" if isinstance(key, str) and path else (key if isinstance(key, str) else f"{path}[{key}]")
+            if isinstance(key, str) and not _encodable(key):
+                return where
+            children.append((item, where))
+        stack.extend(reversed(children))
     return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def json_response(model: Any, status: int = 200) -> Response:
