@@ -193,3 +193,9 @@ def test_the_costliest_bodies_stay_within_the_memory_budget(case):
     out = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 0 < json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"] < 640
+
+
+def test_a_utf8_body_with_a_byte_order_mark_is_accepted(client):
+    r = client.post("/v1/completions", content=b"\xef\xbb\xbf" + json.dumps(OK).encode(),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text

@@ -97,7 +97,7 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     if containers > MAX_JSON_CONTAINERS:
         raise APIError(400, f"the request body holds more than {MAX_JSON_CONTAINERS} arrays / objects; send fewer")
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # strict; a leading BOM is dropped, as json.loads(bytes) did
         body = json.loads(text)
     except RecursionError:
         raise APIError(400, _TOO_DEEP) from None
