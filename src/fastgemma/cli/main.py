@@ -95,6 +95,10 @@ def serve(
         False, "--allow-remote-media",
         help="Fetch http(s) image URLs in chat content parts (off: only data URLs).",
     ),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout",  # serve.DEFAULT_SHUTDOWN_TIMEOUT (not imported: it loads torch)
+        help="On SIGTERM, refuse new requests (503) and wait up to this many seconds for those in flight; 0: stop at once.",
+    ),
     options: dict[str, Any] | None = None,
 ) -> None:
     """Serve an OpenAI-compatible API (vLLM's routes and fields)."""
@@ -109,7 +113,8 @@ def serve(
             model = model if model is not None else chosen.model
         settings = settings_from_env(model=model, served_model_name=served_model_name, host=host, port=port)
         config = EngineConfig(model=settings.pop("model"), **engine)
-        run_server(config, **settings, api_key=api_key, max_queue=max_queue, allow_remote_media=allow_remote_media)
+        run_server(config, **settings, api_key=api_key, max_queue=max_queue, allow_remote_media=allow_remote_media,
+                   shutdown_timeout=shutdown_timeout)
     except ValueError as e:
         fail(str(e))
 

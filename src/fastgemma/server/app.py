@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastgemma.server import protocol as P
 from fastgemma.server.errors import error_response
 from fastgemma.server.generation import Formatter
-from fastgemma.server.handling import authorized, handle
+from fastgemma.server.handling import authorized, draining_response, handle
 from fastgemma.server.metrics import Metrics
 from fastgemma.server.routes.chat import chat_completions
 from fastgemma.server.routes.completions import completions
@@ -94,8 +94,8 @@ def build_app(
         return error_response(500, f"internal error: {type(exc).__name__}")
 
     @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
+    async def health() -> Response:  # 200 serving; 503 draining (a readiness probe takes the replica out)
+        return draining_response() if state.draining else Response(status_code=200)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
@@ -140,7 +140,7 @@ def _documented(request: type | None, response: type, stream: type | None = None
     if stream is not None:
         content["text/event-stream"] = {"schema": {"type": "string", "description": f"data: {stream.__name__} lines, then [DONE]"}}
     error = {"description": "OpenAI-style error", "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
-    responses = {200: {"description": "OK", "content": content}, 400: error, 401: error, 404: error, 429: error}
+    responses = {200: {"description": "OK", "content": content}, 400: error, 401: error, 404: error, 429: error, 503: error}
     if request is None:
         return responses
     body = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}

@@ -45,7 +45,13 @@ async def handle(
     handler: Callable[[Any], Awaitable[Response]],
     parse: bool = True,
 ) -> Response:
-    """Authenticate, read the JSON body (`parse`), run `handler(body)`; errors as JSON."""
+    """Authenticate, read the JSON body (`parse`), run `handler(body)`; errors as JSON.
+    While the server drains (SIGTERM) every request is a 503 with `Retry-After`."""
+    if state.draining:
+        response = draining_response()
+        state.metrics.count_request(endpoint, response.status_code)
+        return response
+    state.handling += 1
     try:
         _check_auth(state, request)
         body = await _read_json(request) if parse else None
@@ -55,7 +61,19 @@ async def handle(
     except ValidationError as e:
         err = from_validation_error(e)
         response = error_response(err.status, err.message, err.param)
+    finally:
+        state.handling -= 1
     state.metrics.count_request(endpoint, response.status_code)
+    return response
+
+
+RETRY_AFTER_S = 1  # a draining server will not come back: retry at once, elsewhere
+
+
+def draining_response() -> Response:
+    """503 + `Retry-After`: what a draining server answers to new requests (and `/health`)."""
+    response = error_response(503, "the server is shutting down (draining); retry the request on another replica")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
 

@@ -1,23 +1,34 @@
 """Run the server: `run_server(...)` (what `fastgemma serve` calls) and `ServerThread` (tests).
 
     run_server(config=EngineConfig(model=..., dtype=..., ...), host="127.0.0.1", port=8000,
-               served_model_name=None, api_key=None, max_queue=64)
+               served_model_name=None, api_key=None, max_queue=64, shutdown_timeout=30)
 
 `run_server` is where a `fastgemma serve` process starts: it binds its port first (a port
 in use fails at once, before minutes of loading), sets the CPU thread count once, loads the
 engine, prints the KV cache's size, and prints "serving ..." once uvicorn accepts requests.
 `settings_from_env` fills unset settings from the environment (`MODEL_ID`,
 `SERVED_MODEL_NAME`, `HOST`, `PORT`), for the CLI to call before `run_server`.
+
+Graceful drain (`DrainingServer`, vLLM's `--shutdown-timeout`): the first SIGTERM sets the
+app draining, so new requests get 503 + `Retry-After` and `/health` answers 503 while the
+socket stays open (a load balancer sees the refusal instead of a reset); the requests in
+flight finish, for at most `shutdown_timeout` seconds; then uvicorn shuts down (connections
+close, what still runs is cancelled) and the process exits. A second SIGTERM, or Ctrl-C,
+stops at once as uvicorn does. `shutdown_timeout=0`: no drain.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+import uvicorn
 
 from fastgemma.config import EngineConfig
 from fastgemma.kernels.cpu import set_cpu_threads
@@ -25,6 +36,7 @@ from fastgemma.kernels.cpu import set_cpu_threads
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUE = 64
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds; llm-d's guides pair 30 s with a 60 s pod grace period
 
 log = logging.getLogger("fastgemma.server")
 
@@ -66,18 +78,20 @@ def run_server(
     max_queue: int = DEFAULT_MAX_QUEUE,
     log_level: str = "info",
     allow_remote_media: bool = False,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
 ) -> None:
     """Load the engine `config` describes (None: the defaults) and serve it until interrupted
     (blocking). `allow_remote_media`: fetch http(s) image URLs in chat content parts (off by
-    default). Raises ValueError for a bad model, max_queue or a port it cannot bind (the
-    port before anything loads)."""
-    import uvicorn
-
+    default). `shutdown_timeout`: seconds a SIGTERM waits for requests in flight (module
+    docstring). Raises ValueError for a bad model, max_queue, shutdown_timeout or a port it
+    cannot bind (the port before anything loads)."""
     from fastgemma import LLM
     from fastgemma.server.app import build_app
 
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
+    if not shutdown_timeout >= 0:
+        raise ValueError(f"shutdown_timeout must be >= 0 seconds (got {shutdown_timeout})")
     config = config or EngineConfig()
     sock = bind_socket(host, port)
     try:
@@ -94,11 +108,44 @@ def run_server(
         spec = c.speculative if c.speculative == "none" else f"{c.speculative} k={c.num_speculative_tokens}"
         ready = (f"fastgemma: serving {name!r} (max_model_len {llm.max_model_len}, dtype {llm.model.dtype}, "
                  f"quantization {llm.quantization}, speculative {spec}) on http://{host}:{port}/v1")
-        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+        server = DrainingServer(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5),
+                                app.state.fastgemma, shutdown_timeout)
         threading.Thread(target=_say_when_started, args=(server, ready), daemon=True).start()
         server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, but the first SIGTERM drains before it exits (module docstring)."""
+
+    def __init__(self, config: uvicorn.Config, state: Any, shutdown_timeout: float):
+        super().__init__(config)
+        self.state, self.shutdown_timeout = state, shutdown_timeout
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if sig == signal.SIGTERM and self.shutdown_timeout > 0 and not self.state.draining:
+            self._captured_signals.append(sig)  # uvicorn re-raises it once it has shut down
+            self.drain()
+            return
+        super().handle_exit(sig, frame)
+
+    def drain(self) -> threading.Thread:
+        """Refuse new requests now; exit when none is in flight or the timeout has passed."""
+        self.state.draining = True
+        log.warning("draining: new requests get 503; waiting up to %.0f s for %d in flight",
+                    self.shutdown_timeout, self.state.in_flight)
+        thread = threading.Thread(target=self._exit_when_drained, name="fastgemma-drain", daemon=True)
+        thread.start()
+        return thread
+
+    def _exit_when_drained(self) -> None:
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self.state.in_flight and time.monotonic() < deadline and not self.should_exit:
+            time.sleep(0.05)
+        if self.state.in_flight:
+            log.warning("drain timeout: %d requests still in flight are cut", self.state.in_flight)
+        self.should_exit = True
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -129,8 +176,6 @@ def kv_cache_line(llm: Any) -> str:
 
 
 def _say_when_started(server: Any, line: str) -> None:
-    import time
-
     while not server.started and not server.should_exit:
         time.sleep(0.02)
     if server.started:
@@ -169,6 +214,8 @@ class ServerThread:
             requests.get(server.url + "/v1/models")
 
     Binds `host:port` (port 0: a free one) before starting, so `url` is usable at once.
+    `server.server.drain()` does what SIGTERM does to `fastgemma serve` (signals reach only
+    the main thread).
     For speed figures, load the `LLM` with `load_on_passing_thread` (see there): an LLM
     loaded on the calling thread decodes ~40% slower here on 2 cores.
     """
@@ -183,9 +230,8 @@ class ServerThread:
         port: int = 0,
         log_level: str = "warning",
         allow_remote_media: bool = False,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     ):
-        import uvicorn
-
         from fastgemma.server.app import build_app
 
         self.app = build_app(
@@ -197,7 +243,7 @@ class ServerThread:
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level=log_level, timeout_graceful_shutdown=2, lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = DrainingServer(config, self.state, shutdown_timeout)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -209,8 +255,6 @@ class ServerThread:
         return self.app.state.fastgemma
 
     def start(self, timeout: float = 30.0) -> ServerThread:
-        import time
-
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

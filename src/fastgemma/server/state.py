@@ -22,3 +22,10 @@ class ServerState:
     preprocess: ThreadPoolExecutor  # tokenising and media decoding, off the event loop
     created: int
     allow_remote_media: bool = False  # fetch http(s) image URLs in chat content parts
+    draining: bool = False  # set once on SIGTERM: new /v1 requests get 503, /health says so
+    handling: int = 0  # /v1 requests inside their handler (parsing, pre-processing); event loop only
+
+    @property
+    def in_flight(self) -> int:
+        """Accepted requests not yet finished: in a handler, waiting for the engine or running."""
+        return self.handling + self.worker.num_waiting + self.worker.num_running
