@@ -99,6 +99,9 @@ def serve(
         30.0, "--shutdown-timeout",  # serve.DEFAULT_SHUTDOWN_TIMEOUT (not imported: it loads torch)
         help="On SIGTERM, refuse new requests (503) and wait up to this many seconds for those in flight; 0: stop at once.",
     ),
+    use_ray: bool = typer.Option(False, "--ray", help="Serve on Ray Serve: --replicas engines behind Ray's proxy (pip install 'fastgemma[ray]')."),
+    replicas: int = typer.Option(1, "--replicas", help="With --ray: engine replicas, each with the machine's cores / replicas CPUs."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --ray: join this Ray cluster (default: start a local one)."),
     options: dict[str, Any] | None = None,
 ) -> None:
     """Serve an OpenAI-compatible API (vLLM's routes and fields)."""
@@ -113,8 +116,16 @@ def serve(
             model = model if model is not None else chosen.model
         settings = settings_from_env(model=model, served_model_name=served_model_name, host=host, port=port)
         config = EngineConfig(model=settings.pop("model"), **engine)
-        run_server(config, **settings, api_key=api_key, max_queue=max_queue, allow_remote_media=allow_remote_media,
-                   shutdown_timeout=shutdown_timeout)
+        server = {"api_key": api_key, "max_queue": max_queue, "allow_remote_media": allow_remote_media,
+                  "shutdown_timeout": shutdown_timeout}
+        if use_ray:
+            from fastgemma.server.ray_serve import run_ray
+
+            run_ray(config, **settings, **server, replicas=replicas, address=ray_address)
+        elif replicas != 1 or ray_address is not None:
+            fail("--replicas and --ray-address need --ray")
+        else:
+            run_server(config, **settings, **server)
     except ValueError as e:
         fail(str(e))
 

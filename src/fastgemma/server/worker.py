@@ -184,6 +184,10 @@ class EngineLoop:
         self._post(run)
         return done.result()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout: float | None = 5.0) -> None:
         with self._cond:
             self._stopping = True
@@ -279,6 +283,11 @@ class Worker:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def alive(self) -> bool:
+        """Every job thread and the engine loop still run (false after `stop` or a crash)."""
+        return all(t.is_alive() for t in self._threads) and (self.engine is None or self.engine.alive)
 
     def submit(self, fn: Callable[[Job], Any], loop: asyncio.AbstractEventLoop | None = None) -> Job:
         job = Job(fn, loop or asyncio.get_running_loop())
