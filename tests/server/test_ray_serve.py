@@ -184,6 +184,29 @@ def test_load_spreads_over_both_replicas(ray_server):
     assert len({r[1] for r in results}) == 2, [r[1] for r in results]
 
 
+def test_each_replica_exports_its_gauges_through_ray(ray_server):
+    """Ray's metrics agent serves `ray_fastgemma_*` gauges tagged by replica (the driver
+    started the cluster; this process joins it only to find the agent's port)."""
+    import ray
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    try:
+        node = ray.nodes()[0]
+        metrics_url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+    finally:
+        ray.shutdown()
+    deadline = time.monotonic() + 60
+    while True:
+        text = httpx.get(metrics_url, timeout=10).text
+        replicas = {s.labels.get("replica") for f in text_string_to_metric_families(text) for s in f.samples
+                    if s.name == "ray_fastgemma_num_requests_running" and s.labels.get("model_name") == "gemma-3-270m"}
+        if len(replicas) == 2 and all(f"ray_fastgemma_{g}" in text for g in ("num_requests_waiting", "kv_cache_usage_perc")):
+            break
+        assert time.monotonic() < deadline, replicas
+        time.sleep(1)
+
+
 def test_a_replica_killed_under_load_fails_cleanly_and_is_restarted(ray_server):
     proc, url = ray_server
     before = _replica_pids(proc.pid)

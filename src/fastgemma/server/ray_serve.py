@@ -37,7 +37,8 @@ Prometheus as `ray_fastgemma_...`.
 Drain: Ray stops routing to a replica it stops, waits up to `graceful_shutdown_timeout_s`
 (= `shutdown_timeout`) for the requests in flight, then ends it; `run_ray` shuts Serve down
 that way on SIGTERM. A replica that dies (killed, out of memory) is restarted by Ray; the
-requests it held fail (Ray's proxy answers 500, or a stream ends without `[DONE]`).
+requests it held fail, not retried (Ray's proxy answers a plain-text 500, or a stream that
+was answered 200 ends without `[DONE]`).
 Ray is an optional dependency: `pip install 'fastgemma[ray]'`.
 """
 
@@ -311,21 +312,25 @@ def run_ray(
     replicas: int = 1,
     address: str | None = None,
     num_cpus: float | None = None,
-    num_gpus: float = 0.0,
+    num_gpus: float | None = None,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     **server: Any,
 ) -> None:
     """`fastgemma serve --ray`: start (or join, `address`) a Ray cluster, serve `replicas`
     replicas on host:port until SIGTERM / Ctrl-C, then shut Serve down gracefully (each
     replica finishes its requests within `shutdown_timeout`). `num_cpus` a replica: default
-    the machine's cores shared among the replicas."""
+    the machine's cores shared among the replicas; `num_gpus`: default 1 for a CUDA engine
+    (Ray gives each replica its own GPU), else 0."""
     ray = _ray()
     from ray import serve
 
     if replicas < 1:
         raise ValueError(f"--replicas must be >= 1 (got {replicas})")
     bind_socket(host, port).close()  # a port in use fails now, not inside Ray's proxy
+    config = config or EngineConfig()
     per_replica = num_cpus or max(1.0, float((os.cpu_count() or 1) // replicas))
+    if num_gpus is None:
+        num_gpus = 1.0 if config.torch_device().type == "cuda" else 0.0
     app = build_deployment(config, num_replicas=replicas, num_cpus=per_replica, num_gpus=num_gpus,
                            shutdown_timeout=shutdown_timeout, **server)
     ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
