@@ -175,22 +175,18 @@ class FastgemmaReplica:
         from ray.util.metrics import Gauge
 
         tags = {"model_name": self.state.served_model_name, "replica": self.replica_id}
-        m = self.state.metrics
-        gauges = [
-            (Gauge(name, description=doc, tag_keys=tuple(tags)), read)
-            for name, doc, read in [
-                ("fastgemma_num_requests_running", "Sequences the engine decodes together.", m.running),
-                ("fastgemma_num_requests_waiting", "Requests waiting for the engine.", m.queue_depth),
-                ("fastgemma_kv_cache_usage_perc", "Fraction of KV-cache slots held (0-1).", m.kv_cache_usage),
-            ]
-        ]
+        gauges = {name: Gauge(f"fastgemma_{name}", description=doc, tag_keys=tuple(tags)) for name, doc in [
+            ("num_requests_running", "Sequences the engine decodes together."),
+            ("num_requests_waiting", "Requests waiting for the engine."),
+            ("kv_cache_usage_perc", "Fraction of KV-cache slots held (0-1)."),
+        ]}
         try:
             coordinator = ray.get_actor(DRAIN_ACTOR, namespace=DRAIN_NAMESPACE)
         except ValueError:  # a user's own Serve config: Ray's graceful shutdown alone
             coordinator = None
         while not self._stop.wait(REPORT_PERIOD_S):
-            for gauge, read in gauges:
-                gauge.set(_gauge_value(read), tags=tags)
+            for name, value in self.state.worker.gauges().items():
+                gauges[name].set(value, tags=tags)
             if coordinator is not None:
                 try:
                     if ray.get(coordinator.report.remote(self.replica_id, self.state.in_flight, self.state.draining)):
@@ -220,11 +216,6 @@ class DrainCoordinator:
         """Every replica heard from in the last few seconds drains and has nothing in flight."""
         recent = [r for r in self.replicas.values() if time.monotonic() - r[2] < 10 * REPORT_PERIOD_S]
         return all(draining and in_flight == 0 for draining, in_flight, _ in recent)
-
-
-def _gauge_value(gauge: Any) -> float:
-    """The current value of a prometheus-client gauge (a set function is called)."""
-    return float(gauge._value.get())
 
 
 def _replica_id() -> str:

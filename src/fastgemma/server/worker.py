@@ -261,15 +261,11 @@ class Worker:
         self._cond = threading.Condition()
         self._stopping = False
         self.running: set[Job] = set()
+        self._scheduler = None if self.engine is None else llm.engine.scheduler
         if metrics is not None:  # read when /metrics is scraped
-            scheduler = None if self.engine is None else llm.engine.scheduler
-            if scheduler is None:
-                metrics.queue_depth.set_function(lambda: len(self._waiting))
-                metrics.running.set_function(lambda: len(self.running))
-            else:
-                metrics.queue_depth.set_function(lambda: len(self._waiting) + scheduler.num_waiting)
-                metrics.running.set_function(lambda: scheduler.num_running)
-                metrics.kv_cache_usage.set_function(lambda: scheduler.num_running / scheduler.max_num_seqs)
+            metrics.queue_depth.set_function(lambda: self.gauges()["num_requests_waiting"])
+            metrics.running.set_function(lambda: self.gauges()["num_requests_running"])
+            metrics.kv_cache_usage.set_function(lambda: self.gauges()["kv_cache_usage_perc"])
         self._threads = [
             threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True) for i in range(max_running)
         ]
@@ -283,6 +279,18 @@ class Worker:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def gauges(self) -> dict[str, float]:
+        """The router gauges, by vLLM's names: requests running (sequences in the batch; job
+        threads without an engine), waiting (for a job thread or a cache slot), and the
+        fraction of cache slots held."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return {"num_requests_running": len(self.running), "num_requests_waiting": len(self._waiting),
+                    "kv_cache_usage_perc": 0.0}
+        return {"num_requests_running": scheduler.num_running,
+                "num_requests_waiting": len(self._waiting) + scheduler.num_waiting,
+                "kv_cache_usage_perc": scheduler.num_running / scheduler.max_num_seqs}
 
     @property
     def alive(self) -> bool:
