@@ -1,7 +1,7 @@
 """fastgemma on Ray Serve: replicas of `fastgemma serve`'s app behind Ray's one HTTP endpoint.
 
     from ray import serve
-    from fastgemma.config import EngineConfig, base_type
+    from fastgemma.config import EngineConfig
     from fastgemma.server.ray_serve import build_deployment
 
     app = build_deployment(EngineConfig(model=...), num_replicas=2, num_cpus=1)
@@ -35,8 +35,9 @@ sets them as Ray metrics (`fastgemma_num_requests_running`, `fastgemma_num_reque
 Prometheus as `ray_fastgemma_...`.
 
 Drain: Ray stops routing to a replica it stops, waits up to `graceful_shutdown_timeout_s`
-(= `shutdown_timeout`) for the requests in flight, then ends it; `run_ray` shuts Serve down
-that way on SIGTERM. A replica that dies (killed, out of memory) is restarted by Ray; the
+(= `shutdown_timeout`) for the requests in flight, then ends it. On SIGTERM `run_ray` first
+has every replica drain as `fastgemma serve` does (503 + Retry-After, `DrainCoordinator`),
+then shuts Serve down. A replica that dies (killed, out of memory) is restarted by Ray; the
 requests it held fail, not retried (Ray's proxy answers a plain-text 500, or a stream that
 was answered 200 ends without `[DONE]`).
 Ray is an optional dependency: `pip install 'fastgemma[ray]'`.
