@@ -70,6 +70,17 @@ def test_replicas_without_ray_is_refused():
     assert done.returncode == 2 and done.stderr.strip() == "error: --replicas and --ray-address need --ray"
 
 
+def test_ray_mistakes_fail_in_one_line_before_a_cluster_starts():
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        for args, message in [(["--replicas", "0"], "error: --replicas must be >= 1 (got 0)"),
+                              (["--port", str(port)], f"error: cannot listen on 127.0.0.1:{port}")]:
+            done = subprocess.run([sys.executable, "-m", "fastgemma.cli.main", "serve", "--ray", *args],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
+            assert done.stderr.strip().count("\n") == 0
+
+
 # ---- a local cluster of 2 replicas ----------------------------------------------------------
 
 
