@@ -62,7 +62,7 @@ from fastgemma.server.serve import (
     DEFAULT_SHUTDOWN_TIMEOUT,
     bind_socket,
     kv_cache_line,
-    load_on_passing_thread,
+    load_app,
 )
 
 log = logging.getLogger("fastgemma.server")
@@ -85,7 +85,7 @@ def _ray() -> Any:
 def deployment_options(
     config: EngineConfig,
     *,
-    num_replicas: int | None = 1,
+    num_replicas: int | None = None,
     autoscaling_config: dict[str, Any] | None = None,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
@@ -95,9 +95,9 @@ def deployment_options(
 ) -> dict[str, Any]:
     """Ray Serve deployment options for replicas of `config`'s engine (module docstring).
 
-    `num_replicas` or `autoscaling_config` (Ray's keys; `target_ongoing_requests` defaults to
-    `max_num_seqs`), never both. Raises ValueError for values Ray would refuse later."""
-    if autoscaling_config is not None and num_replicas not in (None, 1):
+    `num_replicas` (default 1) or `autoscaling_config` (Ray's keys; `target_ongoing_requests`
+    defaults to `max_num_seqs`), never both. Raises ValueError for values Ray would refuse later."""
+    if autoscaling_config is not None and num_replicas is not None:
         raise ValueError("give num_replicas or autoscaling_config (min_replicas / max_replicas), not both")
     if num_replicas is not None and num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1 (got {num_replicas})")
@@ -142,17 +142,10 @@ class FastgemmaReplica:
     deployment in `build_deployment`; this is plain Python, importable without Ray)."""
 
     def __init__(self, config: EngineConfig, server: dict[str, Any]):
-        from fastgemma import LLM
-        from fastgemma.kernels.cpu import set_cpu_threads
-        from fastgemma.server.app import build_app
-
-        if config.torch_device().type == "cpu":
-            set_cpu_threads(config.cpu_threads())  # once, before any kernel runs
-        self.llm = load_on_passing_thread(lambda: LLM.from_config(config))
-        self.fastapi_app = build_app(self.llm, **server)  # not `app`: Ray's wrapper has that name
+        self.fastapi_app = load_app(config, **server)  # not `app`: Ray's wrapper has that name
         self.state = self.fastapi_app.state.fastgemma
         self.replica_id = _replica_id()
-        log.warning("fastgemma replica %s: %s", self.replica_id, kv_cache_line(self.llm))
+        log.warning("fastgemma replica %s: %s", self.replica_id, kv_cache_line(self.state.llm))
         self._stop = threading.Event()
         threading.Thread(target=self._report, name="fastgemma-ray-report", daemon=True).start()
 
@@ -236,7 +229,7 @@ def build_deployment(
     max_queue: int = DEFAULT_MAX_QUEUE,
     allow_remote_media: bool = False,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    num_replicas: int | None = 1,
+    num_replicas: int | None = None,
     autoscaling_config: dict[str, Any] | None = None,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,

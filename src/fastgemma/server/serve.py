@@ -85,9 +85,6 @@ def run_server(
     default). `shutdown_timeout`: seconds a SIGTERM waits for requests in flight (module
     docstring). Raises ValueError for a bad model, max_queue, shutdown_timeout or a port it
     cannot bind (the port before anything loads)."""
-    from fastgemma import LLM
-    from fastgemma.server.app import build_app
-
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
     if not shutdown_timeout >= 0:
@@ -95,13 +92,9 @@ def run_server(
     config = config or EngineConfig()
     sock = bind_socket(host, port)
     try:
-        if config.torch_device().type == "cpu":
-            set_cpu_threads(config.cpu_threads())  # once, before any kernel runs
-        llm = load_on_passing_thread(lambda: LLM.from_config(config))
-        app = build_app(
-            llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
-            allow_remote_media=allow_remote_media,
-        )
+        app = load_app(config, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
+                       allow_remote_media=allow_remote_media)
+        llm = app.state.fastgemma.llm
         print(f"fastgemma: {kv_cache_line(llm)}", flush=True)
         name = app.state.fastgemma.served_model_name
         c = llm.config
@@ -114,6 +107,19 @@ def run_server(
         server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+def load_app(config: EngineConfig, **server: Any) -> Any:
+    """Where a serving process starts: set the CPU thread count once, load the engine on a
+    passing thread, and build the app around it (`build_app`'s keywords: `server`).
+    `run_server` and each Ray Serve replica call it."""
+    from fastgemma import LLM
+    from fastgemma.server.app import build_app
+
+    if config.torch_device().type == "cpu":
+        set_cpu_threads(config.cpu_threads())  # once, before any kernel runs
+    llm = load_on_passing_thread(lambda: LLM.from_config(config))
+    return build_app(llm, **server)
 
 
 class DrainingServer(uvicorn.Server):
