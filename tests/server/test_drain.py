@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
+from tests.server.serve_process import serve_process
 
 from fastgemma import LLM
 from fastgemma.server import ServerThread
@@ -26,15 +24,19 @@ def own_llm(tiny_text_model) -> LLM:
     return LLM(str(tiny_text_model), dtype="float32", max_num_seqs=2)
 
 
-def _rest_of_stream(lines) -> tuple[list[dict], bool]:
-    """The data chunks left in an SSE stream's lines, and whether `[DONE]` ended it."""
+def _stream_across(url: str, body: dict, action) -> tuple[list[int], bool, dict]:
+    """Stream a completion and call `action()` once its first chunk has arrived; the stream's
+    token ids, whether `[DONE]` ended it, and its last chunk."""
     chunks, done = [], False
-    for line in lines:
-        if line == "data: [DONE]":
-            done = True
-        elif line.startswith("data: "):
-            chunks.append(json.loads(line[6:]))
-    return chunks, done
+    with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunks.append(json.loads(line[6:]))
+                if len(chunks) == 1:
+                    action()
+    return [t for ch in chunks for t in ch["choices"][0].get("token_ids") or []], done, chunks[-1]
 
 
 def test_draining_refuses_new_requests_and_exits_once_none_is_in_flight(own_llm):
@@ -67,14 +69,8 @@ def test_a_stream_in_flight_finishes_in_full(own_llm):
     body = {"prompt": "Go on and on", "max_tokens": LONG, "temperature": 0, "ignore_eos": True, "stream": True,
             "return_token_ids": True}
     try:
-        with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as r:
-            lines = r.iter_lines()
-            first = next(line for line in lines if line.startswith("data: "))
-            server.server.drain()
-            rest, done = _rest_of_stream(lines)
-        chunks = [json.loads(first[6:]), *rest]
-        tokens = [t for ch in chunks for t in ch["choices"][0].get("token_ids") or []]
-        assert done and len(tokens) == LONG and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        tokens, done, last = _stream_across(server.url, body, server.server.drain)
+        assert done and len(tokens) == LONG and last["choices"][0]["finish_reason"] == "length"
         server.thread.join(10)
         assert not server.thread.is_alive()
     finally:
@@ -94,36 +90,17 @@ def test_the_timeout_ends_a_drain_that_would_never_finish(own_llm):
 
 
 def test_sigterm_to_fastgemma_serve_drains_then_exits(tiny_gemma3, helpers):
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fastgemma.cli.main", "serve", str(tiny_gemma3), "--port", str(port),
-         "--shutdown-timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        printed = []
-        while not any("fastgemma: serving" in line for line in printed):
-            line = proc.stdout.readline()
-            assert line, "".join(printed)
-            printed.append(line)
+    with serve_process(str(tiny_gemma3), "--shutdown-timeout", "60") as (proc, url, _):
         ids = list(range(10, 30))
         body = {"prompt": ids, "max_tokens": 150, "temperature": 0, "ignore_eos": True, "stream": True,
                 "return_token_ids": True}
-        with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as r:
-            lines = r.iter_lines()
-            first = next(line for line in lines if line.startswith("data: "))
+
+        def sigterm_then_refused() -> None:
             proc.send_signal(signal.SIGTERM)
             helpers.wait_for(lambda: httpx.get(url + "/health", timeout=5).status_code == 503, what="/health to say draining")
             refused = httpx.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": 1}, timeout=5)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-            rest, done = _rest_of_stream(lines)
-        chunks = [json.loads(first[6:]), *rest]
-        tokens = [t for ch in chunks for t in ch["choices"][0].get("token_ids") or []]
+
+        tokens, done, _ = _stream_across(url, body, sigterm_then_refused)
         assert done and len(tokens) == 150, len(tokens)
         assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.server.serve_process import serve_process
 
 from fastgemma.config import EngineConfig
 from fastgemma.server.ray_serve import REPLICA_HEADER, app_builder, deployment_options
@@ -84,11 +85,6 @@ def test_ray_mistakes_fail_in_one_line_before_a_cluster_starts():
 # ---- a local cluster of 2 replicas ----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        return probe.getsockname()[1]
-
-
 def _replica_pids(session: int) -> set[int]:
     """The replica processes of the Ray cluster started in process session `session`."""
     pids = set()
@@ -104,34 +100,13 @@ def _replica_pids(session: int) -> set[int]:
 
 @pytest.fixture(scope="module")
 def ray_server():
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fastgemma.cli.main", "serve", "--ray", "--replicas", "2", "--port", str(port),
-         "--shutdown-timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    printed: list[str] = []
-    try:
-        deadline = time.monotonic() + 300
-        while not any("fastgemma: serving 2 replica(s)" in line for line in printed):
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(printed[-40:])
-            printed.append(line)
-        _drain_output(proc)
-        yield proc, f"http://127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        for pid in _replica_pids(proc.pid):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _drain_output(proc: subprocess.Popen) -> None:
-    """Keep reading the server's output so that its pipe never fills."""
-    import threading
-
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    args = ("--ray", "--replicas", "2", "--shutdown-timeout", "60")
+    with serve_process(*args, ready="fastgemma: serving 2 replica(s)", new_session=True) as (proc, url, _):
+        try:
+            yield proc, url
+        finally:
+            for pid in _replica_pids(proc.pid):  # a replica outlives a killed driver
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +147,16 @@ def _stream(url: str, prompt: str, max_tokens: int = 60) -> tuple:
             return r.status_code, r.headers.get(REPLICA_HEADER), ids, "data: [DONE]" in lines
     except httpx.TransportError as e:
         return "failed", type(e).__name__
+
+
+def _whole(url: str, prompt: str, max_tokens: int) -> tuple:
+    """One non-streamed greedy completion: (status, tokens), or ("failed", exception name)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    try:
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    except httpx.TransportError as e:
+        return "failed", type(e).__name__
+    return r.status_code, len(r.json()["choices"][0]["token_ids"]) if r.status_code == 200 else 0
 
 
 def test_greedy_outputs_equal_fastgemma_serve(ray_server, reference):
@@ -223,13 +208,17 @@ def test_a_replica_killed_under_load_fails_cleanly_and_is_restarted(ray_server):
     before = _replica_pids(proc.pid)
     assert len(before) == 2
     victim = min(before)
-    with cf.ThreadPoolExecutor(8) as pool:
+    with cf.ThreadPoolExecutor(10) as pool:
         started = time.monotonic()
         futures = [pool.submit(_stream, url, f"Story number {i}:", 150) for i in range(8)]
-        time.sleep(3)  # the streams are decoding
+        whole = [pool.submit(_whole, url, f"Tale number {i}:", 150) for i in range(2)]  # not streamed
+        time.sleep(3)  # the requests are decoding
         os.kill(victim, signal.SIGKILL)
         results = [f.result(timeout=90) for f in futures]
+        answers = [f.result(timeout=90) for f in whole]
     assert time.monotonic() - started < 90  # nothing hangs
+    # a non-streamed request: all its tokens, or a 5xx (Ray's) from the dead replica
+    assert all((status == 200 and n == 150) or (isinstance(status, int) and status >= 500) for status, n in answers), answers
     ok = [r for r in results if r[0] == 200 and r[3]]
     failed = [r for r in results if r not in ok]
     assert all(len(r[2]) == 150 for r in ok)

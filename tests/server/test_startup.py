@@ -6,10 +6,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
+from tests.server.serve_process import serve_process
 
 from fastgemma.config import EngineConfig
 from fastgemma.server import serve
@@ -36,27 +36,9 @@ def test_the_cli_says_so_in_one_line_and_exits_non_zero():
 
 
 def test_kv_cache_line_then_serving_once_it_answers(tiny_gemma3):
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fastgemma.cli.main", "serve", str(tiny_gemma3), "--port", str(port),
-         "--max-num-seqs", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        lines = []
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-            if "fastgemma: serving" in line:
-                break
+    with serve_process(str(tiny_gemma3), "--max-num-seqs", "2") as (_, url, lines):
         # "serving" is printed once uvicorn has started: the next request is answered
-        assert requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
+        assert requests.get(f"{url}/v1/models", timeout=10).status_code == 200
         kv = next(line for line in lines if "KV cache:" in line)
         assert "KV cache: 2 sequences x up to 256 tokens, " in kv and "MiB at most" in kv
         assert lines.index(kv) < len(lines) - 1
-    finally:
-        proc.terminate()
-        proc.wait(30)
