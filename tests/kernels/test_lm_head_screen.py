@@ -19,6 +19,16 @@ from fastgemma.kernels.lm_head_screen import LmHeadScreen, unpack_bitmask
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
 
+HAS_VNNI = native.load() is not None and hasattr(native.load(), "screen_gemv_u8s8")
+
+
+@pytest.fixture(params=[False, pytest.param(True, marks=pytest.mark.skipif(not HAS_VNNI, reason="no AVX-512 VNNI build"))],
+                ids=["fp32-activations", "int8-activations"])
+def int8_activations(request) -> bool:
+    """Both ways of computing the approximate logits: fp32 h against the int8 codes, and h
+    quantised to int8 too (the VNNI GEMV, whose bound has the activations' term)."""
+    return request.param
+
 
 def _weight(V: int, D: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -43,10 +53,10 @@ def _fp32_sums(weight: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def _hidden_states(screen: LmHeadScreen, dtype: torch.dtype, n: int = 40):
     g = torch.Generator().manual_seed(1)
     w = screen.weight.double()
-    residual = w - screen.qweight.double() * screen.scales.double()[:, None]
+    residual = w - screen.codes()[0].double() * screen.scales.double()[:, None]
     D = w.shape[1]
     for i in range(n):
-        kind = i % 5
+        kind = i % 6
         if kind == 0:
             h = torch.randn(D, generator=g)
         elif kind == 1:
@@ -57,17 +67,20 @@ def _hidden_states(screen: LmHeadScreen, dtype: torch.dtype, n: int = 40):
         elif kind == 3:  # parallel to a row's residual: Cauchy-Schwarz is tight there
             row = int(torch.randint(0, w.shape[0], (), generator=g))
             h = residual[row].float() / residual[row].norm().clamp(min=1e-30) * 50
-        else:  # along a row: its logit dominates
+        elif kind == 4:  # along a row: its logit dominates
             row = int(torch.randint(0, w.shape[0], (), generator=g))
             h = w[row].float() + 0.01 * torch.randn(D, generator=g)
+        else:  # one outlier: int8 activations round the rest to few levels (or to zero)
+            h = torch.randn(D, generator=g) * 10.0 ** float(torch.randint(-3, 1, (), generator=g))
+            h[int(torch.randint(0, D, (), generator=g))] = 300.0
         yield h.to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("D", [640, 1000])
-def test_bound_is_never_violated(dtype, D):
+@pytest.mark.parametrize("D", [640, 1001])
+def test_bound_is_never_violated(dtype, D, int8_activations):
     weight = _weight(4096, D, dtype)
-    screen = LmHeadScreen(weight, lambda x: x)
+    screen = LmHeadScreen(weight, lambda x: x, int8_activations=int8_activations)
     worst = 0.0
     for h in _hidden_states(screen, dtype):
         approx, err, _ = next(screen.bounds(h[None]))
@@ -78,6 +91,20 @@ def test_bound_is_never_violated(dtype, D):
         assert ((exact - approx.double()).abs() <= err.double()).all()
         worst = max(worst, float(((exact - approx.double()).abs() / err.double().clamp(min=1e-300)).max()))
     assert worst > 0.5  # the residual-parallel states come close: the bound is not vacuous
+
+
+def _two_level_term(x: torch.Tensor) -> float:
+    """The int8 activations' bound term of cpu_screen.c, in torch: x ~ t1 p1 + t2 p2, each
+    level symmetric int8 of what the one before left; |x - t1 p1 - t2 p2| + 2^-20 (|t1 p1| +
+    |t2 p2|)."""
+    t1 = x.abs().max() / 127
+    p1 = (x / t1).round().clamp(-127, 127)
+    left = x.double() - t1.double() * p1.double()
+    t2 = left.abs().max().float() / 127
+    p2 = (left / t2.double()).float().round().clamp(-127, 127)
+    rest = left - t2.double() * p2.double()
+    levels = (t1.double() * p1.double()).norm() + (t2.double() * p2.double()).norm()
+    return float(rest.norm() + 2.0**-20 * levels)
 
 
 def _softcap(cap: float):
@@ -94,23 +121,23 @@ def _softcap(cap: float):
 
 
 @pytest.mark.parametrize("cap", [None, 30.0, 0.5])
-def test_screened_argmax_is_the_plain_argmax(cap):
+def test_screened_argmax_is_the_plain_argmax(cap, int8_activations):
     weight = _weight(8192, 640, torch.bfloat16, seed=3)
     finalize = (lambda x: x) if cap is None else _softcap(cap)
-    screen = LmHeadScreen(weight, finalize)
+    screen = LmHeadScreen(weight, finalize, int8_activations=int8_activations)
     for h in _hidden_states(screen, torch.bfloat16, n=60):
         plain = finalize(_fp32_sums(weight, h).to(torch.bfloat16))
         assert screen.argmax(h[None])[0] == int(torch.argmax(plain))
         assert 1 <= screen.last_candidates <= weight.shape[0]
 
 
-def test_ties_go_to_the_lowest_id():
+def test_ties_go_to_the_lowest_id(int8_activations):
     weight = _weight(1024, 640, torch.bfloat16)
-    screen = LmHeadScreen(weight, lambda x: x)
+    screen = LmHeadScreen(weight, lambda x: x, int8_activations=int8_activations)
     h = weight[1024 - 7].float().to(torch.bfloat16)  # rows 5 and 1017 are equal and win
     assert screen.argmax(h[None])[0] == 5
     saturating = _softcap(0.5)  # every large logit saturates to the same bf16 value
-    screen = LmHeadScreen(weight, saturating)
+    screen = LmHeadScreen(weight, saturating, int8_activations=int8_activations)
     h = (weight[100].float() * 50).to(torch.bfloat16)
     plain = saturating(_fp32_sums(weight, h).to(torch.bfloat16))
     assert (plain == plain.max()).sum() > 1 and screen.argmax(h[None])[0] == int(torch.argmax(plain))
@@ -118,17 +145,23 @@ def test_ties_go_to_the_lowest_id():
 
 @pytest.mark.parametrize("cap", [None, 30.0, 0.5])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_native_selection_is_the_definition(cap, dtype):
+def test_native_selection_is_the_definition(cap, dtype, int8_activations):
     """cpu_screen.c's bound and candidates equal the module docstring's formulas in torch."""
     if dtype == torch.float32 and cap is not None:
         pytest.skip("fp32 with a softcap: the screen is off by design")
     weight = _weight(8192, 640, dtype, seed=5)
     finalize = (lambda x: x) if cap is None else _softcap(cap)
-    screen = LmHeadScreen(weight, finalize)
+    screen = LmHeadScreen(weight, finalize, int8_activations=int8_activations)
     for h in _hidden_states(screen, dtype, n=25):
         approx, err, count = next(screen.bounds(h[None]))
         hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
-        assert torch.equal(err, screen.coef * hnorm + approx.abs() * 2.0**-20)
+        if int8_activations:
+            term = float(screen.activation_error[0])
+            assert term == pytest.approx(_two_level_term(h.float()), rel=1e-9)
+            activations = screen.qnorm[: weight.shape[0]] * (term * (1 + 2.0**-10))
+            assert torch.equal(err, screen.coef * hnorm + activations + approx.abs() * 2.0**-19)
+        else:
+            assert torch.equal(err, screen.coef * hnorm + approx.abs() * 2.0**-19)
         best = finalize((approx - err).to(dtype)).max()
         expected = (finalize((approx + err).to(dtype)) >= best).nonzero()[:, 0]
         assert count == expected.numel() and torch.equal(screen.ids[:count], expected)
@@ -152,7 +185,7 @@ def _masks(V: int, g: torch.Generator):
 
 @pytest.mark.parametrize("cap", [None, 30.0])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_masked_screen_is_the_plain_masked_argmax(cap, dtype):
+def test_masked_screen_is_the_plain_masked_argmax(cap, dtype, int8_activations):
     """With a grammar's bitmask the screen gives the lowest allowed id of the largest allowed
     logit, and its candidates are allowed rows within the allowed rows' bounds (the native
     selection restricted to them), so it stays a screen, not a fallback to the full head."""
@@ -160,7 +193,7 @@ def test_masked_screen_is_the_plain_masked_argmax(cap, dtype):
         pytest.skip("fp32 with a softcap: the screen is off by design")
     weight = _weight(8192, 640, dtype, seed=7)
     finalize = (lambda x: x) if cap is None else _softcap(cap)
-    screen = LmHeadScreen(weight, finalize)
+    screen = LmHeadScreen(weight, finalize, int8_activations=int8_activations)
     g = torch.Generator().manual_seed(2)
     screened = 0
     for h in _hidden_states(screen, dtype, n=30):
@@ -178,9 +211,9 @@ def test_masked_screen_is_the_plain_masked_argmax(cap, dtype):
     assert screened > 60  # most of the 120 (state, mask) pairs were decided by the screen
 
 
-def test_masked_full_head_fallback_stays_masked():
+def test_masked_full_head_fallback_stays_masked(int8_activations):
     weight = _weight(1024, 640, torch.bfloat16)
-    screen = LmHeadScreen(weight, lambda x: x)
+    screen = LmHeadScreen(weight, lambda x: x, int8_activations=int8_activations)
     flat = torch.zeros(1, 640, dtype=torch.bfloat16)  # every logit 0: the lowest allowed id wins
     few = torch.zeros(1024, dtype=torch.bool)
     few[[700, 900]] = True
@@ -196,16 +229,16 @@ def test_non_monotone_post_processing_is_refused():
         LmHeadScreen(_weight(256, 64, torch.float32), lambda x: x * 2)
 
 
-def test_flat_distribution_takes_the_full_head():
+def test_flat_distribution_takes_the_full_head(int8_activations):
     weight = _weight(1024, 640, torch.bfloat16)
-    screen = LmHeadScreen(weight, lambda x: x)
+    screen = LmHeadScreen(weight, lambda x: x, int8_activations=int8_activations)
     assert screen.argmax(torch.zeros(1, 640, dtype=torch.bfloat16))[0] == 0  # every logit 0: the lowest id
     assert screen.last_candidates == 1024
 
 
-def test_non_finite_hidden_state_falls_back_to_the_full_head():
+def test_non_finite_hidden_state_falls_back_to_the_full_head(int8_activations):
     weight = _weight(512, 640, torch.bfloat16)
-    screen = LmHeadScreen(weight, lambda x: x)
+    screen = LmHeadScreen(weight, lambda x: x, int8_activations=int8_activations)
     h = torch.full((1, 640), float("inf"), dtype=torch.bfloat16)
     assert screen.argmax(h)[0] == int(torch.argmax(_fp32_sums(weight, h[0]).to(torch.bfloat16)))
     assert screen.last_candidates == 512

@@ -1,22 +1,26 @@
-/* The exact lm_head screen's selection step (kernels/lm_head_screen.py), in one pass pair
- * over the vocabulary instead of a dozen full-width torch ops.
+/* The exact lm_head screen's native steps (kernels/lm_head_screen.py): its approximate logits
+ * with int8 activations where the CPU has AVX-512 VNNI, and its selection step, in one pass
+ * pair over the vocabulary instead of a dozen full-width torch ops.
  *
- * Given approximate logits a [V] (the int8 screen's fp32 GEMV), the per-row bound
- * coefficients coef [V] and |h| (hnorm):
- *   err[i] = coef[i] * hnorm + |a[i]| * 2^-20                      (written to err)
+ * Selection: given approximate logits a [V], the per-row bound coefficients coef [V] and |h|
+ * (hnorm), and, for int8 activations, qnorm [V] and |h - sx xq| (dnorm):
+ *   err[i] = coef[i] * hnorm + qnorm[i] * dnorm + |a[i]| * 2^-19    (written to err; no
+ *            qnorm term when qnorm is NULL)
  *   f(x)   = the model's output rounding: x itself (fp32 models), or x rounded to bf16 to
  *            nearest even, then looked up in `table` (the softcap at every bf16 number,
  *            indexed by the signed 16-bit pattern + 32768) when table is not NULL;
  *   candidates = { i : f(a[i] + err[i]) >= max_j f(a[j] - err[j]) }, written ascending to idx.
  * With `allowed` (a bitmask [ceil(V / 32)], bit i & 31 of word i >> 5: a structured output's
  * grammar), i and j range over the allowed rows only; NULL allows every row.
- * keep [V] is scratch. Returns the number of candidates, or -1 when some a[i] or err[i] is
+ * Returns the number of candidates, or -1 when some a[i] or err[i] is
  * not finite (the caller then takes the full lm_head).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 
 #include "bf16.h"
+#include "simd.h"
 
 static inline float out_round(float x, int round_bf16, const uint16_t *table) {
     if (!round_bf16) return x;
@@ -29,35 +33,215 @@ static inline int is_allowed(const uint32_t *allowed, int64_t i) {
     return (allowed[i >> 5] >> (i & 31)) & 1u;
 }
 
-/* `use_mask` is a constant at each call below, so the unmasked selection compiles to the
- * loops it had before masks existed (no per-row test on the plain greedy path). */
+/* Floats in order as unsigned keys (-inf lowest, -0 just below +0; NaNs beyond the infinities). */
+static inline uint32_t float_key(float x) {
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+static inline float key_float(uint32_t k) {
+    const uint32_t u = (k >> 31) ? (k & 0x7fffffffu) : ~k;
+    float x;
+    __builtin_memcpy(&x, &u, 4);
+    return x;
+}
+
+/* f is non-decreasing, so max_j f(lo_j) = f(max_j lo_j), and f(x) >= B is an up-set of the
+ * floats: it holds exactly from the smallest x0 with f(x0) >= B on (found by bisection over
+ * the float keys, 32 evaluations of f). Each row then costs a float subtraction and a key
+ * comparison, not a rounding and a table lookup twice. `use_mask` is a constant at each call
+ * below, so the unmasked selection has no per-row test. */
 static inline __attribute__((always_inline)) int64_t select_rows(
-        const float *a, const float *coef, float hnorm, int64_t V, int round_bf16, const uint16_t *table,
-        const int use_mask, const uint32_t *allowed, float *err, uint8_t *keep, int64_t *idx) {
-    float best = -INFINITY;
+        const float *a, const float *coef, float hnorm, const float *qnorm, float dnorm, int64_t V, int round_bf16,
+        const uint16_t *table, const int use_mask, const uint32_t *allowed, float *err, int64_t *idx) {
+    float top = -INFINITY;  /* max_j a_j - e_j over the allowed rows */
     int bad = 0;
-    #pragma omp parallel for schedule(static) reduction(max:best) reduction(|:bad)
+    #pragma omp parallel for schedule(static) reduction(max:top) reduction(|:bad)
     for (int64_t i = 0; i < V; i++) {
-        const float e = coef[i] * hnorm + fabsf(a[i]) * 0x1p-20f;
+        const float e = coef[i] * hnorm + (qnorm ? qnorm[i] * dnorm : 0.f) + fabsf(a[i]) * 0x1p-19f;
         err[i] = e;
         bad |= !isfinite(e);  /* a non-finite a[i] makes e non-finite too */
-        if (use_mask && !is_allowed(allowed, i)) continue;
-        const float lo = out_round(a[i] - e, round_bf16, table);
-        if (lo > best) best = lo;
+        const float lo = a[i] - e;
+        if ((!use_mask || is_allowed(allowed, i)) && lo > top) top = lo;
     }
     if (bad) return -1;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < V; i++)
-        keep[i] = (!use_mask || is_allowed(allowed, i)) && out_round(a[i] + err[i], round_bf16, table) >= best;
-    int64_t n = 0;
-    for (int64_t i = 0; i < V; i++)
-        if (keep[i]) idx[n++] = i;
+    const float best = out_round(top, round_bf16, table);
+    uint32_t low = float_key(-INFINITY), high = float_key(top);  /* f(key_float(high)) >= best */
+    if (out_round(-INFINITY, round_bf16, table) >= best) high = low;
+    while (high - low > 1) {  /* f(key_float(low)) < best <= f(key_float(high)) */
+        const uint32_t mid = low + (high - low) / 2;
+        if (out_round(key_float(mid), round_bf16, table) >= best) high = mid;
+        else low = mid;
+    }
+    const uint32_t threshold = high;  /* candidates: f(a_i + e_i) >= best, i.e. key(a_i + e_i) >= threshold */
+    int64_t counts[256], n = 0;
+    #pragma omp parallel num_threads(omp_get_max_threads() < 256 ? omp_get_max_threads() : 256)
+    {
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t per = (V + threads - 1) / threads, start = t * per, end = start + per < V ? start + per : V;
+        int64_t c = 0;
+        for (int64_t i = start; i < end; i++)
+            if ((!use_mask || is_allowed(allowed, i)) && float_key(a[i] + err[i]) >= threshold) idx[start + c++] = i;
+        counts[t] = c;
+        #pragma omp barrier
+        #pragma omp single
+        for (int u = 0; u < threads; u++) {  /* each thread's ascending run, in thread order */
+            __builtin_memmove(idx + n, idx + u * per, (size_t)counts[u] * sizeof(int64_t));
+            n += counts[u];
+        }
+    }
     return n;
 }
 
-int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V, int round_bf16,
-                      const uint16_t *table, const uint32_t *allowed, float *err, uint8_t *keep, int64_t *idx) {
+int64_t screen_select(const float *a, const float *coef, float hnorm, const float *qnorm, float dnorm, int64_t V,
+                      int round_bf16, const uint16_t *table, const uint32_t *allowed, float *err, int64_t *idx) {
     if (allowed)
-        return select_rows(a, coef, hnorm, V, round_bf16, table, 1, allowed, err, keep, idx);
-    return select_rows(a, coef, hnorm, V, round_bf16, table, 0, allowed, err, keep, idx);
+        return select_rows(a, coef, hnorm, qnorm, dnorm, V, round_bf16, table, 1, allowed, err, idx);
+    return select_rows(a, coef, hnorm, qnorm, dnorm, V, round_bf16, table, 0, allowed, err, idx);
 }
+
+#if defined(__AVX512VNNI__)
+#include <immintrin.h>
+
+/* The int8 lm_head in VNNI order: P [ceil(N / 16), K4, 16, 4] with P[b, k, r, j] = Q[16 b + r,
+ * 4 k + j] (K4 = ceil(K / 4); rows and columns past Q's are zero), so that one 64-byte load
+ * holds four consecutive weights of 16 rows and one `vpdpbusd` against four broadcast
+ * activation bytes adds them to 16 row sums at once: no horizontal sums. Also per row:
+ * rowsum[n] = sum_k Q[n, k] (the u8 offset of screen_gemv_u8s8, taken back out) and
+ * qnorm[n] >= |s[n] Q[n]| (the bound's activation coefficient: an exact integer sum of
+ * squares, its root scaled and rounded up to fp32). rowsum and qnorm are [ceil(N / 16) 16]. */
+void screen_pack_q8(const int8_t *Q, const float *scale, int64_t N, int64_t K, int8_t *P, int32_t *rowsum,
+                    float *qnorm) {
+    const int64_t K4 = (K + 3) / 4, blocks = (N + 15) / 16;
+    #pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int8_t *dst = P + b * K4 * 64;
+        for (int r = 0; r < 16; r++) {
+            const int64_t n = 16 * b + r;
+            int64_t sum = 0, sq = 0;
+            for (int64_t k = 0; k < 4 * K4; k++) {
+                const int8_t q = n < N && k < K ? Q[n * K + k] : 0;
+                dst[(k / 4) * 64 + r * 4 + k % 4] = q;
+                sum += q;
+                sq += (int64_t)q * q;
+            }
+            rowsum[n] = (int32_t)sum;
+            qnorm[n] = n < N ? nextafterf((float)(sqrt((double)sq) * (double)scale[n] * (1.0 + 0x1p-40)), INFINITY) : 0.f;
+        }
+    }
+}
+
+/* Q back from P (the row layout the ready cache stores). */
+void screen_unpack_q8(const int8_t *P, int64_t N, int64_t K, int8_t *Q) {
+    const int64_t K4 = (K + 3) / 4;
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) Q[n * K + k] = P[((n / 16) * K4 + k / 4) * 64 + (n % 16) * 4 + k % 4];
+}
+
+/* One 16-row block of P against NT <= 8 quantised inputs (stride K4 words): two chains per
+ * input (even / odd k), so a lone input is not bound by the instruction's latency. */
+static inline __attribute__((always_inline)) void block_u8s8(const int8_t *w, const uint8_t *xu, int64_t K4, int nt,
+                                                             int prefetch, __m512i d[8]) {
+    __m512i a0[8], a1[8];
+    for (int m = 0; m < 8; m++) a0[m] = a1[m] = _mm512_setzero_si512();
+    const int32_t *x = (const int32_t *)xu;
+    int64_t k = 0;
+    for (; k + 2 <= K4; k += 2) {
+        if (prefetch) _mm_prefetch((const char *)(w + k * 64) + PREFETCH_BYTES, _MM_HINT_T0);
+        const __m512i w0 = _mm512_loadu_si512((const void *)(w + k * 64));
+        const __m512i w1 = _mm512_loadu_si512((const void *)(w + k * 64 + 64));
+        for (int m = 0; m < nt; m++) {
+            a0[m] = _mm512_dpbusd_epi32(a0[m], _mm512_set1_epi32(x[m * K4 + k]), w0);
+            a1[m] = _mm512_dpbusd_epi32(a1[m], _mm512_set1_epi32(x[m * K4 + k + 1]), w1);
+        }
+    }
+    if (k < K4) {
+        const __m512i w0 = _mm512_loadu_si512((const void *)(w + k * 64));
+        for (int m = 0; m < nt; m++) a0[m] = _mm512_dpbusd_epi32(a0[m], _mm512_set1_epi32(x[m * K4 + k]), w0);
+    }
+    for (int m = 0; m < nt; m++) d[m] = _mm512_add_epi32(a0[m], a1[m]);
+}
+
+/* Quantise one input x [K] to two int8 levels, x ~ s1 p1 + s2 p2 (s1 = max|x| / 127, p1 =
+ * round(x / s1); s2 = max|x - s1 p1| / 127, p2 = round((x - s1 p1) / s2)), stored as the
+ * unsigned bytes p + 128 in u1, u2 [4 K4] (padded with 128: zero after the offset). Returns
+ * the bound's activation term |x - s1 p1 - s2 p2| + 2^-20 (|s1 p1| + |s2 p2|) (fp64; the
+ * second part covers the fp32 rounding of a's two-term sum), infinite for a non-finite x. */
+static double quantise_two_levels(const float *x, int64_t K, int64_t K4, uint8_t *u1, uint8_t *u2, float s[2]) {
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+    if (!isfinite(amax)) {
+        for (int64_t k = 0; k < 4 * K4; k++) u1[k] = u2[k] = 128;
+        s[0] = s[1] = 1.f;
+        return INFINITY;
+    }
+    s[0] = amax > 0.f ? amax / 127.f : 1.f;
+    float rmax = 0.f;
+    for (int64_t k = 0; k < K; k++) {
+        const float p = fminf(fmaxf(nearbyintf(x[k] / s[0]), -127.f), 127.f);
+        u1[k] = (uint8_t)((int)p + 128);
+        rmax = fmaxf(rmax, (float)fabs((double)x[k] - (double)s[0] * p));  /* exact in fp64 */
+    }
+    s[1] = rmax > 0.f ? rmax / 127.f : 1.f;
+    double d2 = 0.0, n1 = 0.0, n2 = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+        const double p1 = (double)((int)u1[k] - 128), r = (double)x[k] - (double)s[0] * p1;
+        const float p2 = fminf(fmaxf(nearbyintf((float)(r / s[1])), -127.f), 127.f);
+        u2[k] = (uint8_t)((int)p2 + 128);
+        const double left = r - (double)s[1] * p2;
+        d2 += left * left;
+        n1 += (double)s[0] * p1 * (double)s[0] * p1;
+        n2 += (double)s[1] * p2 * (double)s[1] * p2;
+    }
+    for (int64_t k = K; k < 4 * K4; k++) u1[k] = u2[k] = 128;
+    return sqrt(d2) + 0x1p-20 * (sqrt(n1) + sqrt(n2));
+}
+
+/* Approximate logits with int8 activations (AVX-512 VNNI), P / rowsum as screen_pack_q8 made them:
+ *   each input x[m] is quantised to two int8 levels (quantise_two_levels: one level of 254
+ *   steps leaves the screen's bound too wide when x has outliers, as Gemma's hidden states
+ *   do), into xu [2 M, 4 K4] (rows 2m, 2m + 1) and sx [2 M];
+ *   d_l[m, n] = sum_k Q[n, k] p_l[m, k] = sum_k Q[n, k] u_l[m, k] - 128 rowsum[n], exact in
+ *   int32 (the u8 sums stay below 127 * 255 * K: K must be at most 65536);
+ *   a[m, n] = float(d_1) (s[n] sx_1) + float(d_2) (s[n] sx_2), each product within 3u of
+ *   s[n] Q[n] . sx_l p_l, and so a within 2^-20 qnorm[n] (|sx_1 p_1| + |sx_2 p_2|) + u |a| of
+ *   s[n] Q[n] . x^ (x^ = sx_1 p_1 + sx_2 p_2);
+ *   dnorm[m] = quantise_two_levels' term, so that |s[n] Q[n] . x[m] - a[m, n]| <= qnorm[n]
+ *   dnorm[m] + u |a[m, n]|.
+ * An input with a non-finite entry gets an infinite dnorm (the selection then gives up).
+ * 16-row blocks are walked in memory order and split across cores; each is applied to the
+ * quantised inputs eight at a time while it sits in L1: one pass over P for any M. */
+void screen_gemv_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, const float *x, uint8_t *xu,
+                      float *sx, float *a, double *dnorm, int64_t M, int64_t N, int64_t K) {
+    const int64_t K4 = (K + 3) / 4, blocks = (N + 15) / 16, M2 = 2 * M;
+    for (int64_t m = 0; m < M; m++)
+        dnorm[m] = quantise_two_levels(x + m * K, K, K4, xu + 2 * m * 4 * K4, xu + (2 * m + 1) * 4 * K4, sx + 2 * m);
+    #pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int8_t *w = P + b * K4 * 64;
+        const __mmask16 lanes = (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
+        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);  /* 128 rowsum */
+        const __m512 sc = _mm512_maskz_loadu_ps(lanes, scale + 16 * b);
+        for (int64_t m0 = 0; m0 < M2; m0 += 8) {
+            const int nt = (M2 - m0) < 8 ? (int)(M2 - m0) : 8;  /* even: both levels of nt / 2 inputs */
+            const uint8_t *xb = xu + m0 * 4 * K4;
+            __m512i d[8];
+            switch (nt) {  /* constant tile sizes: the chains stay in registers */
+                case 2: block_u8s8(w, xb, K4, 2, m0 == 0, d); break;
+                case 4: block_u8s8(w, xb, K4, 4, m0 == 0, d); break;
+                case 6: block_u8s8(w, xb, K4, 6, m0 == 0, d); break;
+                default: block_u8s8(w, xb, K4, 8, m0 == 0, d); break;
+            }
+            for (int l = 0; l < nt; l += 2) {
+                const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l], offset)),
+                                                _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l])));
+                const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l + 1], offset)),
+                                                _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l + 1])));
+                _mm512_mask_storeu_ps(a + ((m0 + l) / 2) * N + 16 * b, lanes, _mm512_add_ps(hi, lo));
+            }
+        }
+    }
+}
+#endif

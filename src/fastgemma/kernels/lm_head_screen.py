@@ -22,8 +22,19 @@ residual (computed in fp64), u = 2^-24 and g = (K + 2) u / (1 - (K + 2) u),
     |r_i . h| <= |r_i| |h|                                (Cauchy-Schwarz),
     |fp32 dot(w_i, h) - w_i . h| <= g |w_i| |h|           (any summation order, FMA or not),
     |a_i - s_i q_i . h| <= g |s_i q_i| |h| <= g (|w_i| + |r_i|) |h|,
-so e_i = |h| (|r_i| + 2 g (|w_i| + |r_i|)), widened by 2^-10 relatively and |a_i| 2^-20
+so e_i = |h| (|r_i| + 2 g (|w_i| + |r_i|)), widened by 2^-10 relatively and |a_i| 2^-19
 absolutely to absorb the rounding of the bound's own arithmetic. |h| is computed in fp64.
+
+Where the CPU has AVX-512 VNNI, step 1 also quantises h, to two int8 levels h^ = t1 p1 +
+t2 p2 (the second quantises what the first leaves; one level of 254 steps left a bound so
+wide on Gemma's outlier-heavy hidden states that 6% of rows fell back to the full head):
+a_i = s_i (t1 q_i . p1 + t2 q_i . p2), the integer dots exact (`vpdpbusd`, 64 products an
+instruction, so eight rows of h cost about what one does). By Cauchy-Schwarz,
+    |s_i q_i . (h - h^)| <= |s_i q_i| |h - h^|,
+and the float arithmetic of a_i stays within 2^-20 |s_i q_i| (|t1 p1| + |t2 p2|) + u |a_i|,
+so e_i gains |s_i q_i| (|h - h^| + 2^-20 (|t1 p1| + |t2 p2|)) (|s_i q_i| from an exact
+integer sum of squares, rounded up; the rest in fp64, widened by 2^-10). On the embedded
+model the candidates stay those of fp32 activations (median 2 a row).
 A non-finite hidden state falls back to the full lm_head, and so does a flat distribution
 (more than V / 8 candidates, where gathering rows would cost more than reading them all).
 Steps 2 and 3 run natively (cpu_screen.c), as the GEMVs do. Several hidden states (a
@@ -91,23 +102,45 @@ class LmHeadScreen:
         weight: torch.Tensor,
         finalize: Callable[[torch.Tensor], torch.Tensor],
         codes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        int8_activations: bool | None = None,
     ):
         """weight: [V, D] the full-precision lm_head (bf16 or fp32, CPU); finalize: the
         model's logits post-processing on model-dtype logits (softcap or identity), which
         for bf16 must depend on each value only (it is tabulated and checked monotone here);
         for fp32 it must be the identity (ValueError otherwise). `codes`: (qweight, scales,
         coef) as `codes()` returned them for this weight (a cached build), else built here
-        a slice of rows at a time (no full-size fp32 / fp64 copy of the weight)."""
+        a slice of rows at a time (no full-size fp32 / fp64 copy of the weight).
+        `int8_activations`: quantise h too (the VNNI GEMV); None takes it where the native
+        build has it."""
         self.weight, self.finalize = weight, finalize
         V, K = weight.shape
-        codes = _build(weight) if codes is None else (huge_pages(codes[0]), *codes[1:])
-        self.qweight, self.scales, self.coef = codes  # qweight streamed every greedy step: in huge pages
-        if tuple(self.qweight.shape) != (V, K) or self.scales.shape != (V,) or self.coef.shape != (V,):
-            raise ValueError(f"lm_head screen codes {tuple(self.qweight.shape)} do not fit a {V}x{K} lm_head")
+        lib = native.load()
+        has_vnni = lib is not None and hasattr(lib, "screen_gemv_u8s8")
+        if int8_activations and not has_vnni:
+            raise ValueError("int8 activations in the lm_head screen need the AVX-512 VNNI native build")
+        self.int8_activations = has_vnni and K <= 65536 if int8_activations is None else int8_activations
+        if codes is None:
+            codes = _build(weight)
+        elif not self.int8_activations:
+            codes = (huge_pages(codes[0]), *codes[1:])
+        qweight, self.scales, self.coef = codes
+        if tuple(qweight.shape) != (V, K) or self.scales.shape != (V,) or self.coef.shape != (V,):
+            raise ValueError(f"lm_head screen codes {tuple(qweight.shape)} do not fit a {V}x{K} lm_head")
+        self.qweight = qweight  # int8 [V, K], streamed every greedy step: in huge pages
+        if self.int8_activations:  # kept in VNNI order instead (cpu_screen.c): packed int8 [V16, K4 * 4]
+            blocks, k4 = -(-V // 16), -(-K // 4)
+            self.packed = huge_pages_empty((blocks * 16, k4 * 4), torch.int8)
+            self.rowsum = torch.empty(blocks * 16, dtype=torch.int32)  # sum_k q_ik: the u8 offset's correction
+            self.qnorm = torch.empty(blocks * 16, dtype=torch.float32)  # >= |s_i q_i|
+            scales = self.scales.contiguous()
+            lib.screen_pack_q8(
+                qweight.contiguous().data_ptr(), scales.data_ptr(), V, K, self.packed.data_ptr(),
+                self.rowsum.data_ptr(), self.qnorm.data_ptr(),
+            )
+            self.qweight = None
         self.approx = torch.empty(0, V, dtype=torch.float32)  # [rows, V], grown on demand
         self.err = torch.empty(V, dtype=torch.float32)
         self.ids = torch.empty(V, dtype=torch.int64)
-        self.keep = torch.empty(V, dtype=torch.uint8)  # scratch of cpu_screen.c
         self.table = _output_table(finalize) if weight.dtype == torch.bfloat16 else None  # f at every bf16 [65536]
         probe = torch.linspace(-100.0, 100.0, 9)
         if self.table is None and not torch.equal(finalize(probe), probe):
@@ -115,10 +148,17 @@ class LmHeadScreen:
         self.last_candidates = 0  # rows recomputed in full precision by the last call
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(qweight int8 [V, D], scales fp32 [V], coef fp32 [V]): what a cached build restores."""
-        return self.qweight, self.scales, self.coef
+        """(qweight int8 [V, D], scales fp32 [V], coef fp32 [V]): what a cached build restores
+        (a row-major copy of the codes where they are held in VNNI order)."""
+        qweight = self.qweight
+        if qweight is None:
+            qweight = torch.empty(self.weight.shape, dtype=torch.int8)
+            native.load().screen_unpack_q8(self.packed.data_ptr(), *self.weight.shape, qweight.data_ptr())
+        return qweight, self.scales, self.coef
 
     def nbytes(self) -> int:
+        if self.int8_activations:
+            return self.packed.numel() + 4 * (self.scales.numel() + self.coef.numel() + 2 * self.rowsum.numel())
         return self.qweight.numel() + 4 * (self.scales.numel() + self.coef.numel())
 
     def bounds(
@@ -131,18 +171,29 @@ class LmHeadScreen:
         allowed[t]: row t's grammar bitmask (int32 [ceil(V / 32)]) or None (every token)."""
         lib = native.load()
         hf = hidden.float().contiguous()
-        (V, K), T = self.qweight.shape, hidden.shape[0]
+        (V, K), T = self.weight.shape, hidden.shape[0]
         if self.approx.shape[0] < T:
             self.approx = torch.empty(T, V, dtype=torch.float32)
-        lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), T, V, K, 1)
+        self.activation_error = torch.zeros(T, dtype=torch.float64)  # the |h - t p| term per row (int8 activations)
+        if self.int8_activations:  # two quantisation levels per row: codes [2T, K4 * 4], steps [2T]
+            codes = torch.empty(2 * T, self.packed.shape[1], dtype=torch.uint8)
+            steps = torch.empty(2 * T, dtype=torch.float32)
+            lib.screen_gemv_u8s8(
+                self.packed.data_ptr(), self.rowsum.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), codes.data_ptr(),
+                steps.data_ptr(), self.approx.data_ptr(), self.activation_error.data_ptr(), T, V, K,
+            )
+        else:
+            lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), T, V, K, 1)
         table = self.table.data_ptr() if self.table is not None else None
+        qnorm = self.qnorm.data_ptr() if self.int8_activations else None
+        hnorms = torch.linalg.vector_norm(hidden.double(), dim=1) * (1 + 2.0**-20)
         for t in range(T):
-            hnorm = float(torch.linalg.vector_norm(hidden[t].double())) * (1 + 2.0**-20)
             mask = allowed[t] if allowed is not None else None
             count = lib.screen_select(
-                self.approx[t].data_ptr(), self.coef.data_ptr(), hnorm, V, self.table is not None, table,
+                self.approx[t].data_ptr(), self.coef.data_ptr(), float(hnorms[t]), qnorm,
+                float(self.activation_error[t]) * (1 + 2.0**-10), V, self.table is not None, table,
                 None if mask is None else _bitmask_ptr(mask, V),
-                self.err.data_ptr(), self.keep.data_ptr(), self.ids.data_ptr(),
+                self.err.data_ptr(), self.ids.data_ptr(),
             )
             yield self.approx[t], self.err, count
 

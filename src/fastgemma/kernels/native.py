@@ -3,7 +3,8 @@
 The library is compiled once per source version and instruction set with the system C
 compiler into fastgemma's cache and loaded with ctypes. Two builds: AVX-512 BF16 (bf16
 products with `vdpbf16ps`) where the CPU has it, else AVX2 + FMA (bf16 widened to fp32
-exactly). Where neither can be used (an older CPU, no compiler, $FASTGEMMA_NATIVE=0)
+exactly). The AVX-512 build also takes AVX-512 VNNI (every CPU with AVX-512 BF16 has it): the
+lm_head screen's int8-activation GEMV. Where neither can be used (an older CPU, no compiler, $FASTGEMMA_NATIVE=0)
 `load()` returns None and callers use torch's kernels; `status()` says which and why.
 """
 
@@ -24,8 +25,8 @@ SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_quant_
 _COMMON_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c"]
 # (name, compiler flags, /proc/cpuinfo flags it needs), best first
 BUILDS = (
-    ("avx512bf16", [*_COMMON_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
-     ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+    ("avx512bf16", [*_COMMON_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni"],
+     ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")),
     ("avx2", _COMMON_FLAGS, ("avx2", "fma", "f16c")),
 )
 
@@ -83,8 +84,13 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr]
-    lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr]
+    lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
     lib.screen_select.restype = i64
+    if hasattr(lib, "screen_gemv_u8s8"):  # the AVX-512 build
+        lib.screen_pack_q8.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr]
+        lib.screen_unpack_q8.argtypes = [ptr, i64, i64, ptr]
+        lib.screen_gemv_u8s8.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
+        lib.screen_pack_q8.restype = lib.screen_unpack_q8.restype = lib.screen_gemv_u8s8.restype = None
     lib.gelu_tanh_f32.argtypes = [ptr, ptr, i64]
     lib.gelu_tanh_f32.restype = None
     lib.set_gelu_table_bf16.argtypes = [ptr]
