@@ -19,7 +19,7 @@ from fastgemma.kernels.lm_head_screen import LmHeadScreen, unpack_bitmask
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
 
-HAS_VNNI = native.load() is not None and hasattr(native.load(), "screen_gemv_u8s8")
+HAS_VNNI = native.load() is not None and hasattr(native.load(), "screen_u8s8")
 
 
 @pytest.fixture(params=[False, pytest.param(True, marks=pytest.mark.skipif(not HAS_VNNI, reason="no AVX-512 VNNI build"))],
@@ -83,7 +83,7 @@ def test_bound_is_never_violated(dtype, D, int8_activations):
     screen = LmHeadScreen(weight, lambda x: x, int8_activations=int8_activations)
     worst = 0.0
     for h in _hidden_states(screen, dtype):
-        approx, err, _ = next(screen.bounds(h[None]))
+        approx, err, _, _ = screen.bounds(h[None])[0]
         approx, err = approx.clone(), err.clone()
         z = _fp32_sums(weight, h)
         exact = weight.double() @ h.double()
@@ -153,7 +153,7 @@ def test_native_selection_is_the_definition(cap, dtype, int8_activations):
     finalize = (lambda x: x) if cap is None else _softcap(cap)
     screen = LmHeadScreen(weight, finalize, int8_activations=int8_activations)
     for h in _hidden_states(screen, dtype, n=25):
-        approx, err, count = next(screen.bounds(h[None]))
+        approx, err, count, ids = screen.bounds(h[None])[0]
         hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
         if int8_activations:
             term = float(screen.activation_error[0])
@@ -164,7 +164,7 @@ def test_native_selection_is_the_definition(cap, dtype, int8_activations):
             assert torch.equal(err, screen.coef * hnorm + approx.abs() * 2.0**-19)
         best = finalize((approx - err).to(dtype)).max()
         expected = (finalize((approx + err).to(dtype)) >= best).nonzero()[:, 0]
-        assert count == expected.numel() and torch.equal(screen.ids[:count], expected)
+        assert count == expected.numel() and torch.equal(ids, expected)
 
 
 def _bitmask(allowed: torch.Tensor) -> torch.Tensor:
@@ -203,12 +203,30 @@ def test_masked_screen_is_the_plain_masked_argmax(cap, dtype, int8_activations):
             assert torch.equal(unpack_bitmask(mask, weight.shape[0]), allowed)
             want = int(torch.argmax(plain.masked_fill(~allowed, float("-inf"))))
             assert screen.argmax(h[None], [mask])[0] == want
-            approx, err, count = next(screen.bounds(h[None], [mask]))
+            approx, err, count, ids = screen.bounds(h[None], [mask])[0]
             best = finalize((approx - err).to(dtype))[allowed].max()
             expected = (allowed & (finalize((approx + err).to(dtype)) >= best)).nonzero()[:, 0]
-            assert count == expected.numel() and torch.equal(screen.ids[:count], expected)
+            assert count == expected.numel() and torch.equal(ids, expected)
             screened += count < weight.shape[0] // 8
     assert screened > 60  # most of the 120 (state, mask) pairs were decided by the screen
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_screened_together_are_screened_alone(dtype, int8_activations):
+    """Nine hidden states in one call (more than one tile of the VNNI kernel), some with a
+    grammar mask and some without: each row's approximate logits, bound and candidates are
+    those of the row screened alone (a decode step's rows do not see each other)."""
+    weight = _weight(4099, 640, dtype, seed=11)  # not a multiple of 16 rows
+    screen = LmHeadScreen(weight, lambda x: x, int8_activations=int8_activations)
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.stack(list(_hidden_states(screen, dtype, n=9)))
+    masks = [None if t % 3 else _bitmask(torch.rand(4099, generator=g) < 0.5) for t in range(9)]
+    together = [(r.approx.clone(), r.err.clone(), r.count, r.ids.clone()) for r in screen.bounds(hidden, masks)]
+    for t in range(9):
+        approx, err, count, ids = screen.bounds(hidden[t : t + 1], [masks[t]])[0]
+        assert torch.equal(approx, together[t][0]) and torch.equal(err, together[t][1])
+        assert count == together[t][2] and torch.equal(ids, together[t][3])
+    assert screen.argmax(hidden, masks) == [screen.argmax(hidden[t : t + 1], [masks[t]])[0] for t in range(9)]
 
 
 def test_masked_full_head_fallback_stays_masked(int8_activations):

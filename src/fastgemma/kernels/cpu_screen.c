@@ -1,19 +1,19 @@
-/* The exact lm_head screen's native steps (kernels/lm_head_screen.py): its approximate logits
- * with int8 activations where the CPU has AVX-512 VNNI, and its selection step, in one pass
- * pair over the vocabulary instead of a dozen full-width torch ops.
+/* The exact lm_head screen's native steps (kernels/lm_head_screen.py).
  *
- * Selection: given approximate logits a [V], the per-row bound coefficients coef [V] and |h|
- * (hnorm), and, for int8 activations, qnorm [V] and |h - sx xq| (dnorm):
- *   err[i] = coef[i] * hnorm + qnorm[i] * dnorm + |a[i]| * 2^-19    (written to err; no
- *            qnorm term when qnorm is NULL)
+ * Selection (screen_select, after an fp32-activation GEMV): given approximate logits a [V],
+ * the per-row bound coefficients coef [V] and |h| (hnorm):
+ *   err[i] = coef[i] * hnorm + |a[i]| * 2^-19                         (written to err)
  *   f(x)   = the model's output rounding: x itself (fp32 models), or x rounded to bf16 to
  *            nearest even, then looked up in `table` (the softcap at every bf16 number,
  *            indexed by the signed 16-bit pattern + 32768) when table is not NULL;
  *   candidates = { i : f(a[i] + err[i]) >= max_j f(a[j] - err[j]) }, written ascending to idx.
  * With `allowed` (a bitmask [ceil(V / 32)], bit i & 31 of word i >> 5: a structured output's
  * grammar), i and j range over the allowed rows only; NULL allows every row.
- * Returns the number of candidates, or -1 when some a[i] or err[i] is
- * not finite (the caller then takes the full lm_head).
+ * Returns the number of candidates, or -1 when some a[i] or err[i] is not finite (the caller
+ * then takes the full lm_head).
+ *
+ * screen_u8s8 (AVX-512 VNNI builds) does all three steps with int8 activations, in one pass
+ * over the codes, its bound having the activations' term (below).
  */
 #include <math.h>
 #include <omp.h>
@@ -47,34 +47,40 @@ static inline float key_float(uint32_t k) {
     return x;
 }
 
+/* The key of the smallest float x with f(x) >= f(top): f(x) >= f(top) holds exactly for the
+ * floats from there on (f is non-decreasing), found by bisection over the keys. */
+static uint32_t threshold_key(float top, int round_bf16, const uint16_t *table) {
+    const float best = out_round(top, round_bf16, table);
+    uint32_t low = float_key(-INFINITY), high = float_key(top);  /* f(key_float(high)) >= best */
+    if (out_round(-INFINITY, round_bf16, table) >= best) return low;
+    while (high - low > 1) {  /* f(key_float(low)) < best <= f(key_float(high)) */
+        const uint32_t mid = low + (high - low) / 2;
+        if (out_round(key_float(mid), round_bf16, table) >= best) high = mid;
+        else low = mid;
+    }
+    return high;
+}
+
 /* f is non-decreasing, so max_j f(lo_j) = f(max_j lo_j), and f(x) >= B is an up-set of the
  * floats: it holds exactly from the smallest x0 with f(x0) >= B on (found by bisection over
  * the float keys, 32 evaluations of f). Each row then costs a float subtraction and a key
  * comparison, not a rounding and a table lookup twice. `use_mask` is a constant at each call
  * below, so the unmasked selection has no per-row test. */
 static inline __attribute__((always_inline)) int64_t select_rows(
-        const float *a, const float *coef, float hnorm, const float *qnorm, float dnorm, int64_t V, int round_bf16,
-        const uint16_t *table, const int use_mask, const uint32_t *allowed, float *err, int64_t *idx) {
+        const float *a, const float *coef, float hnorm, int64_t V, int round_bf16, const uint16_t *table,
+        const int use_mask, const uint32_t *allowed, float *err, int64_t *idx) {
     float top = -INFINITY;  /* max_j a_j - e_j over the allowed rows */
     int bad = 0;
     #pragma omp parallel for schedule(static) reduction(max:top) reduction(|:bad)
     for (int64_t i = 0; i < V; i++) {
-        const float e = coef[i] * hnorm + (qnorm ? qnorm[i] * dnorm : 0.f) + fabsf(a[i]) * 0x1p-19f;
+        const float e = coef[i] * hnorm + fabsf(a[i]) * 0x1p-19f;
         err[i] = e;
         bad |= !isfinite(e);  /* a non-finite a[i] makes e non-finite too */
         const float lo = a[i] - e;
         if ((!use_mask || is_allowed(allowed, i)) && lo > top) top = lo;
     }
     if (bad) return -1;
-    const float best = out_round(top, round_bf16, table);
-    uint32_t low = float_key(-INFINITY), high = float_key(top);  /* f(key_float(high)) >= best */
-    if (out_round(-INFINITY, round_bf16, table) >= best) high = low;
-    while (high - low > 1) {  /* f(key_float(low)) < best <= f(key_float(high)) */
-        const uint32_t mid = low + (high - low) / 2;
-        if (out_round(key_float(mid), round_bf16, table) >= best) high = mid;
-        else low = mid;
-    }
-    const uint32_t threshold = high;  /* candidates: f(a_i + e_i) >= best, i.e. key(a_i + e_i) >= threshold */
+    const uint32_t threshold = threshold_key(top, round_bf16, table);  /* candidates: key(a_i + e_i) >= threshold */
     int64_t counts[256], n = 0;
     #pragma omp parallel num_threads(omp_get_max_threads() < 256 ? omp_get_max_threads() : 256)
     {
@@ -94,11 +100,11 @@ static inline __attribute__((always_inline)) int64_t select_rows(
     return n;
 }
 
-int64_t screen_select(const float *a, const float *coef, float hnorm, const float *qnorm, float dnorm, int64_t V,
-                      int round_bf16, const uint16_t *table, const uint32_t *allowed, float *err, int64_t *idx) {
+int64_t screen_select(const float *a, const float *coef, float hnorm, int64_t V, int round_bf16, const uint16_t *table,
+                      const uint32_t *allowed, float *err, int64_t *idx) {
     if (allowed)
-        return select_rows(a, coef, hnorm, qnorm, dnorm, V, round_bf16, table, 1, allowed, err, idx);
-    return select_rows(a, coef, hnorm, qnorm, dnorm, V, round_bf16, table, 0, allowed, err, idx);
+        return select_rows(a, coef, hnorm, V, round_bf16, table, 1, allowed, err, idx);
+    return select_rows(a, coef, hnorm, V, round_bf16, table, 0, allowed, err, idx);
 }
 
 #if defined(__AVX512VNNI__)
@@ -108,7 +114,7 @@ int64_t screen_select(const float *a, const float *coef, float hnorm, const floa
  * 4 k + j] (K4 = ceil(K / 4); rows and columns past Q's are zero), so that one 64-byte load
  * holds four consecutive weights of 16 rows and one `vpdpbusd` against four broadcast
  * activation bytes adds them to 16 row sums at once: no horizontal sums. Also per row:
- * rowsum[n] = sum_k Q[n, k] (the u8 offset of screen_gemv_u8s8, taken back out) and
+ * rowsum[n] = sum_k Q[n, k] (the u8 offset of screen_u8s8, taken back out) and
  * qnorm[n] >= |s[n] Q[n]| (the bound's activation coefficient: an exact integer sum of
  * squares, its root scaled and rounded up to fp32). rowsum and qnorm are [ceil(N / 16) 16]. */
 void screen_pack_q8(const int8_t *Q, const float *scale, int64_t N, int64_t K, int8_t *P, int32_t *rowsum,
@@ -199,48 +205,139 @@ static double quantise_two_levels(const float *x, int64_t K, int64_t K4, uint8_t
     return sqrt(d2) + 0x1p-20 * (sqrt(n1) + sqrt(n2));
 }
 
-/* Approximate logits with int8 activations (AVX-512 VNNI), P / rowsum as screen_pack_q8 made them:
- *   each input x[m] is quantised to two int8 levels (quantise_two_levels: one level of 254
- *   steps leaves the screen's bound too wide when x has outliers, as Gemma's hidden states
- *   do), into xu [2 M, 4 K4] (rows 2m, 2m + 1) and sx [2 M];
+/* e = coef hnorm + qnorm dnorm + |a| 2^-19 for 16 rows, in the order of select_rows' scalar sum. */
+static inline __m512 bound16(__m512 a, __m512 coef, __m512 qnorm, float hnorm, float dnorm) {
+    const __m512 abs_a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
+    return _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(coef, _mm512_set1_ps(hnorm)), _mm512_mul_ps(qnorm, _mm512_set1_ps(dnorm))),
+                         _mm512_mul_ps(abs_a, _mm512_set1_ps(0x1p-19f)));
+}
+
+/* float_key for 16 lanes. */
+static inline __m512i keys16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    return _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32((int)0x80000000u)));
+}
+
+/* The rows of block b that grammar mask `allowed` (NULL: all) and the vocabulary (`lanes`) leave. */
+static inline __mmask16 allowed16(const uint32_t *allowed, int64_t b, __mmask16 lanes) {
+    if (!allowed) return lanes;
+    return lanes & (__mmask16)(allowed[b >> 1] >> ((b & 1) * 16));
+}
+
+/* The whole screen (steps 1-3 of kernels/lm_head_screen.py) for M hidden states, with int8
+ * activations (AVX-512 VNNI); P / rowsum as screen_pack_q8 made them.
+ *
+ * Approximate logits: each input x[m] is quantised to two int8 levels (quantise_two_levels:
+ * one level of 254 steps leaves the bound too wide when x has outliers, as Gemma's hidden
+ * states do), into xu [2 M, 4 K4] and sx [2 M];
  *   d_l[m, n] = sum_k Q[n, k] p_l[m, k] = sum_k Q[n, k] u_l[m, k] - 128 rowsum[n], exact in
  *   int32 (the u8 sums stay below 127 * 255 * K: K must be at most 65536);
  *   a[m, n] = float(d_1) (s[n] sx_1) + float(d_2) (s[n] sx_2), each product within 3u of
- *   s[n] Q[n] . sx_l p_l, and so a within 2^-20 qnorm[n] (|sx_1 p_1| + |sx_2 p_2|) + u |a| of
- *   s[n] Q[n] . x^ (x^ = sx_1 p_1 + sx_2 p_2);
- *   dnorm[m] = quantise_two_levels' term, so that |s[n] Q[n] . x[m] - a[m, n]| <= qnorm[n]
- *   dnorm[m] + u |a[m, n]|.
- * An input with a non-finite entry gets an infinite dnorm (the selection then gives up).
- * 16-row blocks are walked in memory order and split across cores; each is applied to the
- * quantised inputs eight at a time while it sits in L1: one pass over P for any M. */
-void screen_gemv_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, const float *x, uint8_t *xu,
-                      float *sx, float *a, double *dnorm, int64_t M, int64_t N, int64_t K) {
+ *   s[n] Q[n] . sx_l p_l, so a is within 2^-20 qnorm[n] (|sx_1 p_1| + |sx_2 p_2|) + u |a| of
+ *   s[n] Q[n] . x^ (x^ = sx_1 p_1 + sx_2 p_2), and
+ *   |s[n] Q[n] . x[m] - a[m, n]| <= qnorm[n] dnorm[m] + u |a[m, n]|, dnorm[m] the term
+ *   quantise_two_levels returns (written to dnorm; infinite for a non-finite x).
+ * Bound and selection as screen_select's, with dnorm[m] (1 + 2^-10) rounded to fp32 and
+ * hnorm[m] rounded to fp32: err (written where err is not NULL) and the candidates of row m
+ * ascending in idx[m N ..], their count in counts[m] (-1 when some err is not finite).
+ * allowed: NULL, or M grammar bitmasks (each NULL or [ceil(N / 32)] words).
+ *
+ * One pass over P: 16-row blocks in memory order, split across cores, each applied to the
+ * quantised inputs eight at a time while it sits in L1; a block's a and e are formed in
+ * registers, which keep each thread's max_j a_j - e_j per input and write each block's
+ * largest key(a + e) to blockkey [M, ceil(N / 16)]. The candidates' pass then reads only the
+ * blocks whose largest key reaches the threshold (a few dozen of 16384 on the embedded model). */
+void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, const float *coef, const float *qnorm,
+                 const float *x, const double *hnorm, int64_t M, int64_t N, int64_t K, int round_bf16,
+                 const uint16_t *table, const uint32_t *const *allowed, uint8_t *xu, float *sx, uint32_t *blockkey,
+                 float *a, float *err, double *dnorm, int64_t *idx, int64_t *counts) {
     const int64_t K4 = (K + 3) / 4, blocks = (N + 15) / 16, M2 = 2 * M;
-    for (int64_t m = 0; m < M; m++)
+    float hn[M], dn[M], top[M];
+    int bad[M];
+    uint32_t threshold[M];
+    for (int64_t m = 0; m < M; m++) {
         dnorm[m] = quantise_two_levels(x + m * K, K, K4, xu + 2 * m * 4 * K4, xu + (2 * m + 1) * 4 * K4, sx + 2 * m);
-    #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int8_t *w = P + b * K4 * 64;
-        const __mmask16 lanes = (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
-        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);  /* 128 rowsum */
-        const __m512 sc = _mm512_maskz_loadu_ps(lanes, scale + 16 * b);
-        for (int64_t m0 = 0; m0 < M2; m0 += 8) {
-            const int nt = (M2 - m0) < 8 ? (int)(M2 - m0) : 8;  /* even: both levels of nt / 2 inputs */
-            const uint8_t *xb = xu + m0 * 4 * K4;
-            __m512i d[8];
-            switch (nt) {  /* constant tile sizes: the chains stay in registers */
-                case 2: block_u8s8(w, xb, K4, 2, m0 == 0, d); break;
-                case 4: block_u8s8(w, xb, K4, 4, m0 == 0, d); break;
-                case 6: block_u8s8(w, xb, K4, 6, m0 == 0, d); break;
-                default: block_u8s8(w, xb, K4, 8, m0 == 0, d); break;
+        dn[m] = (float)(dnorm[m] * (1 + 0x1p-10));
+        hn[m] = (float)hnorm[m];
+        top[m] = -INFINITY;
+        bad[m] = !isfinite(dn[m]) || !isfinite(hn[m]);
+    }
+    #pragma omp parallel
+    {
+        float lo_max[M];
+        int lo_bad[M];
+        for (int64_t m = 0; m < M; m++) lo_max[m] = -INFINITY, lo_bad[m] = 0;
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            const int8_t *w = P + b * K4 * 64;
+            const __mmask16 lanes = (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
+            const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);  /* 128 rowsum */
+            const __m512 sc = _mm512_maskz_loadu_ps(lanes, scale + 16 * b);
+            const __m512 cf = _mm512_maskz_loadu_ps(lanes, coef + 16 * b), qn = _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b);
+            for (int64_t m0 = 0; m0 < M2; m0 += 8) {
+                const int nt = (M2 - m0) < 8 ? (int)(M2 - m0) : 8;  /* even: both levels of nt / 2 inputs */
+                const uint8_t *xb = xu + m0 * 4 * K4;
+                __m512i d[8];
+                switch (nt) {  /* constant tile sizes: the chains stay in registers */
+                    case 2: block_u8s8(w, xb, K4, 2, m0 == 0, d); break;
+                    case 4: block_u8s8(w, xb, K4, 4, m0 == 0, d); break;
+                    case 6: block_u8s8(w, xb, K4, 6, m0 == 0, d); break;
+                    default: block_u8s8(w, xb, K4, 8, m0 == 0, d); break;
+                }
+                for (int l = 0; l < nt; l += 2) {
+                    const int64_t m = (m0 + l) / 2;
+                    const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l], offset)),
+                                                    _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l])));
+                    const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l + 1], offset)),
+                                                    _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l + 1])));
+                    const __m512 am = _mm512_add_ps(hi, lo);
+                    const __m512 e = bound16(am, cf, qn, hn[m], dn[m]);
+                    _mm512_mask_storeu_ps(a + m * N + 16 * b, lanes, am);
+                    if (err) _mm512_mask_storeu_ps(err + m * N + 16 * b, lanes, e);
+                    lo_bad[m] |= _mm512_mask_fpclass_ps_mask(lanes, e, 0x99) != 0;  /* NaN or infinite */
+                    const __mmask16 ok = allowed16(allowed ? allowed[m] : NULL, b, lanes);
+                    lo_max[m] = fmaxf(lo_max[m], _mm512_mask_reduce_max_ps(ok, _mm512_sub_ps(am, e)));
+                    blockkey[m * blocks + b] = ok ? _mm512_mask_reduce_max_epu32(ok, keys16(_mm512_add_ps(am, e))) : 0u;
+                }
             }
-            for (int l = 0; l < nt; l += 2) {
-                const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l], offset)),
-                                                _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l])));
-                const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l + 1], offset)),
-                                                _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l + 1])));
-                _mm512_mask_storeu_ps(a + ((m0 + l) / 2) * N + 16 * b, lanes, _mm512_add_ps(hi, lo));
+        }
+        #pragma omp critical
+        for (int64_t m = 0; m < M; m++) {
+            top[m] = fmaxf(top[m], lo_max[m]);
+            bad[m] |= lo_bad[m];
+        }
+    }
+    for (int64_t m = 0; m < M; m++) threshold[m] = bad[m] ? 0xffffffffu : threshold_key(top[m], round_bf16, table);
+    const int threads = omp_get_max_threads() < 64 ? omp_get_max_threads() : 64;
+    int64_t found[M][64];
+    #pragma omp parallel num_threads(threads)
+    {
+        const int used = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t per = (blocks + used - 1) / used, start = t * per, end = start + per < blocks ? start + per : blocks;
+        for (int64_t m = 0; m < M; m++) {
+            int64_t c = 0, *out = idx + m * N + 16 * start;
+            const uint32_t *mask = allowed ? allowed[m] : NULL;
+            for (int64_t b = start; b < end; b++) {
+                if (blockkey[m * blocks + b] < threshold[m]) continue;
+                const __mmask16 lanes = (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
+                const __m512 am = _mm512_maskz_loadu_ps(lanes, a + m * N + 16 * b);
+                const __m512 e = bound16(am, _mm512_maskz_loadu_ps(lanes, coef + 16 * b),
+                                         _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b), hn[m], dn[m]);
+                __mmask16 keep = allowed16(mask, b, lanes) &
+                                 _mm512_cmpge_epu32_mask(keys16(_mm512_add_ps(am, e)), _mm512_set1_epi32((int)threshold[m]));
+                for (; keep; keep &= keep - 1) out[c++] = 16 * b + __builtin_ctz(keep);
             }
+            found[m][t] = c;
+        }
+        #pragma omp barrier
+        #pragma omp single
+        for (int64_t m = 0; m < M; m++) {
+            int64_t n = 0;
+            for (int u = 0; u < used; u++) {  /* each thread's ascending run, in thread order */
+                __builtin_memmove(idx + m * N + n, idx + m * N + 16 * u * per, (size_t)found[m][u] * sizeof(int64_t));
+                n += found[m][u];
+            }
+            counts[m] = bad[m] ? -1 : n;
         }
     }
 }

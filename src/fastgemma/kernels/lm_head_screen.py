@@ -48,8 +48,10 @@ allowed id of the largest allowed f(z_i)).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -115,7 +117,7 @@ class LmHeadScreen:
         self.weight, self.finalize = weight, finalize
         V, K = weight.shape
         lib = native.load()
-        has_vnni = lib is not None and hasattr(lib, "screen_gemv_u8s8")
+        has_vnni = lib is not None and hasattr(lib, "screen_u8s8")
         if int8_activations and not has_vnni:
             raise ValueError("int8 activations in the lm_head screen need the AVX-512 VNNI native build")
         self.int8_activations = has_vnni and K <= 65536 if int8_activations is None else int8_activations
@@ -138,9 +140,9 @@ class LmHeadScreen:
                 self.rowsum.data_ptr(), self.qnorm.data_ptr(),
             )
             self.qweight = None
-        self.approx = torch.empty(0, V, dtype=torch.float32)  # [rows, V], grown on demand
-        self.err = torch.empty(V, dtype=torch.float32)
-        self.ids = torch.empty(V, dtype=torch.int64)
+        # scratch [rows, V], grown on demand (pages are touched only where written: ids, err)
+        self.approx, self.err = torch.empty(0, V, dtype=torch.float32), torch.empty(0, V, dtype=torch.float32)
+        self.ids = torch.empty(0, V, dtype=torch.int64)
         self.table = _output_table(finalize) if weight.dtype == torch.bfloat16 else None  # f at every bf16 [65536]
         probe = torch.linspace(-100.0, 100.0, 9)
         if self.table is None and not torch.equal(finalize(probe), probe):
@@ -162,60 +164,81 @@ class LmHeadScreen:
         return self.qweight.numel() + 4 * (self.scales.numel() + self.coef.numel())
 
     def bounds(
-        self, hidden: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None
-    ) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-        """hidden: [T, D] -> per row (approximate logits a [V], bound e [V], candidate count or
-        -1 when not finite); the candidates' ids are then the first `count` entries of
-        `self.ids` (overwritten by the next row). Steps 1-3 of the module docstring, natively
-        (cpu_quant_gemv.c, cpu_screen.c); the returned tensors are views of scratch buffers.
-        allowed[t]: row t's grammar bitmask (int32 [ceil(V / 32)]) or None (every token)."""
+        self, hidden: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None, with_err: bool = True
+    ) -> list[ScreenRow]:
+        """hidden: [T, D] -> per row, steps 1-3 of the module docstring natively (cpu_screen.c,
+        and cpu_quant_gemv.c's GEMV for fp32 activations): the approximate logits a [V], the
+        bound e [V] (with_err; the int8-activation path can skip writing it), and the
+        candidates' ids ascending (their count -1 when not finite). The tensors are views of
+        scratch buffers, overwritten by the next call. allowed[t]: row t's grammar bitmask
+        (int32 [ceil(V / 32)]) or None (every token)."""
         lib = native.load()
         hf = hidden.float().contiguous()
         (V, K), T = self.weight.shape, hidden.shape[0]
         if self.approx.shape[0] < T:
-            self.approx = torch.empty(T, V, dtype=torch.float32)
-        self.activation_error = torch.zeros(T, dtype=torch.float64)  # the |h - t p| term per row (int8 activations)
-        if self.int8_activations:  # two quantisation levels per row: codes [2T, K4 * 4], steps [2T]
-            codes = torch.empty(2 * T, self.packed.shape[1], dtype=torch.uint8)
-            steps = torch.empty(2 * T, dtype=torch.float32)
-            lib.screen_gemv_u8s8(
-                self.packed.data_ptr(), self.rowsum.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), codes.data_ptr(),
-                steps.data_ptr(), self.approx.data_ptr(), self.activation_error.data_ptr(), T, V, K,
+            self.approx, self.ids = torch.empty(T, V, dtype=torch.float32), torch.empty(T, V, dtype=torch.int64)
+        if with_err and self.err.shape[0] < T:
+            self.err = torch.empty(T, V, dtype=torch.float32)
+        err = self.err.data_ptr() if with_err else None
+        table = self.table.data_ptr() if self.table is not None else None
+        masks = [None if allowed is None or allowed[t] is None else _bitmask_ptr(allowed[t], V) for t in range(T)]
+        hnorms = torch.linalg.vector_norm(hidden.double(), dim=1) * (1 + 2.0**-20)  # [T] fp64
+        self.activation_error = torch.zeros(T, dtype=torch.float64)  # the |h - h^| term per row (int8 activations)
+        counts = torch.empty(T, dtype=torch.int64)
+        if self.int8_activations:  # one call: two quantisation levels per row, codes [2T, K4 * 4], steps [2T]
+            blocks = self.packed.shape[0] // 16
+            codes, steps = torch.empty(2 * T, self.packed.shape[1], dtype=torch.uint8), torch.empty(2 * T)
+            block_keys = torch.empty(T, blocks, dtype=torch.int32)
+            mask_array = (ctypes.c_void_p * T)(*masks) if allowed is not None else None
+            lib.screen_u8s8(
+                self.packed.data_ptr(), self.rowsum.data_ptr(), self.scales.data_ptr(), self.coef.data_ptr(),
+                self.qnorm.data_ptr(), hf.data_ptr(), hnorms.data_ptr(), T, V, K, self.table is not None, table,
+                mask_array, codes.data_ptr(), steps.data_ptr(), block_keys.data_ptr(), self.approx.data_ptr(), err,
+                self.activation_error.data_ptr(), self.ids.data_ptr(), counts.data_ptr(),
             )
         else:
             lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), T, V, K, 1)
-        table = self.table.data_ptr() if self.table is not None else None
-        qnorm = self.qnorm.data_ptr() if self.int8_activations else None
-        hnorms = torch.linalg.vector_norm(hidden.double(), dim=1) * (1 + 2.0**-20)
-        for t in range(T):
-            mask = allowed[t] if allowed is not None else None
-            count = lib.screen_select(
-                self.approx[t].data_ptr(), self.coef.data_ptr(), float(hnorms[t]), qnorm,
-                float(self.activation_error[t]) * (1 + 2.0**-10), V, self.table is not None, table,
-                None if mask is None else _bitmask_ptr(mask, V),
-                self.err.data_ptr(), self.ids.data_ptr(),
-            )
-            yield self.approx[t], self.err, count
+            if self.err.shape[0] < T:
+                self.err = torch.empty(T, V, dtype=torch.float32)
+            for t in range(T):
+                counts[t] = lib.screen_select(
+                    self.approx[t].data_ptr(), self.coef.data_ptr(), float(hnorms[t]), V,
+                    self.table is not None, table, masks[t], self.err[t].data_ptr(), self.ids[t].data_ptr(),
+                )
+        return [
+            ScreenRow(self.approx[t], self.err[t] if with_err else None, int(c), self.ids[t, : max(int(c), 0)])
+            for t, c in enumerate(counts.tolist())
+        ]
 
     def argmax(self, hidden: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> list[int]:
         """hidden: [T, D] normed hidden states (model dtype) -> the plain path's greedy token of
         each row; with allowed[t] (a grammar bitmask), its greedy token among the allowed ids."""
         tokens, self.last_candidates = [], 0
-        for t, (_, _, count) in enumerate(self.bounds(hidden, allowed)):
+        for t, screened in enumerate(self.bounds(hidden, allowed, with_err=False)):
             row = hidden[t : t + 1]
             mask = allowed[t] if allowed is not None else None
-            if count <= 0 or count > self.weight.shape[0] // 8:
+            if screened.count <= 0 or screened.count > self.weight.shape[0] // 8:
                 # not finite, a flat distribution (the full lm_head costs less than gathering
                 # rows), or nothing allowed: the full lm_head
                 full = self.finalize(linear(row, self.weight, True))[0]
                 self.last_candidates += full.shape[0]
                 tokens.append(int(torch.argmax(full if mask is None else masked(full, mask))))
                 continue
-            candidates = self.ids[:count]  # ascending
+            candidates = screened.ids  # ascending
             exact = self.finalize(linear(row, self.weight.index_select(0, candidates), True))[0]
-            self.last_candidates += count
+            self.last_candidates += screened.count
             tokens.append(int(candidates[torch.argmax(exact)]))
         return tokens
+
+
+class ScreenRow(NamedTuple):
+    """One hidden state's screen: approximate logits a [V], bound e [V] (None when not
+    asked for), the candidate count (-1: not finite) and the candidates' ids ascending."""
+
+    approx: torch.Tensor
+    err: torch.Tensor | None
+    count: int
+    ids: torch.Tensor
 
 
 def masked(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

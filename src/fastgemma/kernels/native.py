@@ -84,13 +84,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr]
-    lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
+    lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
     lib.screen_select.restype = i64
-    if hasattr(lib, "screen_gemv_u8s8"):  # the AVX-512 build
+    if hasattr(lib, "screen_u8s8"):  # the AVX-512 build
         lib.screen_pack_q8.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr]
         lib.screen_unpack_q8.argtypes = [ptr, i64, i64, ptr]
-        lib.screen_gemv_u8s8.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
-        lib.screen_pack_q8.restype = lib.screen_unpack_q8.restype = lib.screen_gemv_u8s8.restype = None
+        lib.screen_u8s8.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ptr, ptr,
+                                    ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+        lib.screen_pack_q8.restype = lib.screen_unpack_q8.restype = lib.screen_u8s8.restype = None
     lib.gelu_tanh_f32.argtypes = [ptr, ptr, i64]
     lib.gelu_tanh_f32.restype = None
     lib.set_gelu_table_bf16.argtypes = [ptr]
