@@ -93,18 +93,24 @@ def test_bound_is_never_violated(dtype, D, int8_activations):
     assert worst > 0.5  # the residual-parallel states come close: the bound is not vacuous
 
 
-def _two_level_term(x: torch.Tensor) -> float:
-    """The int8 activations' bound term of cpu_screen.c, in torch: x ~ t1 p1 + t2 p2, each
-    level symmetric int8 of what the one before left; |x - t1 p1 - t2 p2| + 2^-20 (|t1 p1| +
-    |t2 p2|)."""
+def _levels(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cpu_screen.c's two int8 levels of x: (p1, p2, t1, t2) with x ~ t1 p1 + t2 p2, each
+    level symmetric int8 of what the one before left (the codes as fp32, the steps fp32)."""
     t1 = x.abs().max() / 127
     p1 = (x / t1).round().clamp(-127, 127)
     left = x.double() - t1.double() * p1.double()
     t2 = left.abs().max().float() / 127
     p2 = (left / t2.double()).float().round().clamp(-127, 127)
-    rest = left - t2.double() * p2.double()
-    levels = (t1.double() * p1.double()).norm() + (t2.double() * p2.double()).norm()
-    return float(rest.norm() + 2.0**-20 * levels)
+    return p1, p2, t1, t2
+
+
+def _level_terms(x: torch.Tensor) -> tuple[float, float]:
+    """The activations' bound terms: |x - t1 p1| + 2^-20 |t1 p1| (one level) and
+    |x - t1 p1 - t2 p2| + 2^-20 (|t1 p1| + |t2 p2|) (both)."""
+    p1, p2, t1, t2 = _levels(x)
+    one, two = t1.double() * p1.double(), t2.double() * p2.double()
+    return (float((x.double() - one).norm() + 2.0**-20 * one.norm()),
+            float((x.double() - one - two).norm() + 2.0**-20 * (one.norm() + two.norm())))
 
 
 def _softcap(cap: float):
@@ -146,24 +152,38 @@ def test_ties_go_to_the_lowest_id(int8_activations):
 @pytest.mark.parametrize("cap", [None, 30.0, 0.5])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_native_selection_is_the_definition(cap, dtype, int8_activations):
-    """cpu_screen.c's bound and candidates equal the module docstring's formulas in torch."""
+    """cpu_screen.c's bound and candidates equal the module docstring's formulas in torch:
+    fp32 activations in one stage; int8 activations in two, the second level only in the
+    16-row blocks the first leaves open."""
     if dtype == torch.float32 and cap is not None:
         pytest.skip("fp32 with a softcap: the screen is off by design")
     weight = _weight(8192, 640, dtype, seed=5)
+    V = weight.shape[0]
     finalize = (lambda x: x) if cap is None else _softcap(cap)
     screen = LmHeadScreen(weight, finalize, int8_activations=int8_activations)
+    f = lambda x: finalize(x.to(dtype)).float()  # noqa: E731
     for h in _hidden_states(screen, dtype, n=25):
         approx, err, count, ids = screen.bounds(h[None])[0]
         hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
-        if int8_activations:
-            term = float(screen.activation_error[0])
-            assert term == pytest.approx(_two_level_term(h.float()), rel=1e-9)
-            activations = screen.qnorm[: weight.shape[0]] * (term * (1 + 2.0**-10))
-            assert torch.equal(err, screen.coef * hnorm + activations + approx.abs() * 2.0**-19)
-        else:
+        if not int8_activations:
             assert torch.equal(err, screen.coef * hnorm + approx.abs() * 2.0**-19)
-        best = finalize((approx - err).to(dtype)).max()
-        expected = (finalize((approx + err).to(dtype)) >= best).nonzero()[:, 0]
+            expected = (f(approx + err) >= f(approx - err).max()).nonzero()[:, 0]
+            assert count == expected.numel() and torch.equal(ids, expected)
+            continue
+        one, two = _level_terms(h.float())
+        assert screen.activation_error[0].tolist() == pytest.approx([one, two], rel=1e-9)
+        t1, t2 = (float(term) * (1 + 2.0**-10) for term in screen.activation_error[0])
+        qnorm, codes = screen.qnorm[:V], screen.codes()[0].float()
+        p1, p2, s1, s2 = _levels(h.float())
+        a1 = (codes @ p1) * (screen.scales * s1)  # the integer dots are exact in fp32 here (|d| < 2^24)
+        e1 = screen.coef * hnorm + qnorm * t1 + a1.abs() * 2.0**-19
+        first = f(a1 - e1).max()
+        opened = (f(a1 + e1) >= first).view(-1, 16).any(dim=1).repeat_interleave(16)  # the blocks left open
+        a2 = a1 + (codes @ p2) * (screen.scales * s2)
+        e2 = screen.coef * hnorm + qnorm * t2 + a2.abs() * 2.0**-19
+        assert torch.equal(approx, torch.where(opened, a2, a1)) and torch.equal(err, torch.where(opened, e2, e1))
+        best = torch.maximum(f((a1 - e1).max()), f((a2 - e2)[opened].max()) if opened.any() else first)
+        expected = (opened & (f(a2 + e2) >= best)).nonzero()[:, 0]
         assert count == expected.numel() and torch.equal(ids, expected)
 
 

@@ -146,63 +146,74 @@ void screen_unpack_q8(const int8_t *P, int64_t N, int64_t K, int8_t *Q) {
         for (int64_t k = 0; k < K; k++) Q[n * K + k] = P[((n / 16) * K4 + k / 4) * 64 + (n % 16) * 4 + k % 4];
 }
 
-/* One 16-row block of P against NT <= 8 quantised inputs (stride K4 words): two chains per
- * input (even / odd k), so a lone input is not bound by the instruction's latency. */
+/* One 16-row block of P against NT <= 8 quantised inputs (stride K4 words): four chains per
+ * input (k mod 4; integer sums, so the split changes no bits) while they fit in registers,
+ * two beyond four inputs, so that a lone input is not bound by the instruction's latency. */
 static inline __attribute__((always_inline)) void block_u8s8(const int8_t *w, const uint8_t *xu, int64_t K4, int nt,
                                                              int prefetch, __m512i d[8]) {
-    __m512i a0[8], a1[8];
-    for (int m = 0; m < 8; m++) a0[m] = a1[m] = _mm512_setzero_si512();
+    const int chains = nt <= 4 ? 4 : 2;
+    __m512i acc[4][8];
+    for (int c = 0; c < 4; c++)
+        for (int m = 0; m < 8; m++) acc[c][m] = _mm512_setzero_si512();
     const int32_t *x = (const int32_t *)xu;
     int64_t k = 0;
-    for (; k + 2 <= K4; k += 2) {
+    for (; k + chains <= K4; k += chains) {
         if (prefetch) _mm_prefetch((const char *)(w + k * 64) + PREFETCH_BYTES, _MM_HINT_T0);
-        const __m512i w0 = _mm512_loadu_si512((const void *)(w + k * 64));
-        const __m512i w1 = _mm512_loadu_si512((const void *)(w + k * 64 + 64));
-        for (int m = 0; m < nt; m++) {
-            a0[m] = _mm512_dpbusd_epi32(a0[m], _mm512_set1_epi32(x[m * K4 + k]), w0);
-            a1[m] = _mm512_dpbusd_epi32(a1[m], _mm512_set1_epi32(x[m * K4 + k + 1]), w1);
+        if (prefetch && chains == 4) _mm_prefetch((const char *)(w + k * 64) + PREFETCH_BYTES + 128, _MM_HINT_T0);
+        for (int c = 0; c < chains; c++) {
+            const __m512i wc = _mm512_loadu_si512((const void *)(w + (k + c) * 64));
+            for (int m = 0; m < nt; m++) acc[c][m] = _mm512_dpbusd_epi32(acc[c][m], _mm512_set1_epi32(x[m * K4 + k + c]), wc);
         }
     }
-    if (k < K4) {
-        const __m512i w0 = _mm512_loadu_si512((const void *)(w + k * 64));
-        for (int m = 0; m < nt; m++) a0[m] = _mm512_dpbusd_epi32(a0[m], _mm512_set1_epi32(x[m * K4 + k]), w0);
+    for (; k < K4; k++) {
+        const __m512i wc = _mm512_loadu_si512((const void *)(w + k * 64));
+        for (int m = 0; m < nt; m++) acc[0][m] = _mm512_dpbusd_epi32(acc[0][m], _mm512_set1_epi32(x[m * K4 + k]), wc);
     }
-    for (int m = 0; m < nt; m++) d[m] = _mm512_add_epi32(a0[m], a1[m]);
+    for (int m = 0; m < nt; m++)
+        d[m] = _mm512_add_epi32(_mm512_add_epi32(acc[0][m], acc[1][m]), _mm512_add_epi32(acc[2][m], acc[3][m]));
 }
 
 /* Quantise one input x [K] to two int8 levels, x ~ s1 p1 + s2 p2 (s1 = max|x| / 127, p1 =
  * round(x / s1); s2 = max|x - s1 p1| / 127, p2 = round((x - s1 p1) / s2)), stored as the
- * unsigned bytes p + 128 in u1, u2 [4 K4] (padded with 128: zero after the offset). Returns
- * the bound's activation term |x - s1 p1 - s2 p2| + 2^-20 (|s1 p1| + |s2 p2|) (fp64; the
- * second part covers the fp32 rounding of a's two-term sum), infinite for a non-finite x. */
-static double quantise_two_levels(const float *x, int64_t K, int64_t K4, uint8_t *u1, uint8_t *u2, float s[2]) {
+ * unsigned bytes p + 128 in u1, u2 [4 K4] (padded with 128: zero after the offset). The bound's
+ * activation terms (fp64; infinite for a non-finite x), the 2^-20 parts covering the fp32
+ * rounding of a's products and sum:
+ *   term[0] = |x - s1 p1| + 2^-20 |s1 p1|                    (one level)
+ *   term[1] = |x - s1 p1 - s2 p2| + 2^-20 (|s1 p1| + |s2 p2|)  (both) */
+static void quantise_two_levels(const float *x, int64_t K, int64_t K4, uint8_t *u1, uint8_t *u2, float s[2],
+                                double term[2]) {
     float amax = 0.f;
     for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
     if (!isfinite(amax)) {
         for (int64_t k = 0; k < 4 * K4; k++) u1[k] = u2[k] = 128;
         s[0] = s[1] = 1.f;
-        return INFINITY;
+        term[0] = term[1] = INFINITY;
+        return;
     }
     s[0] = amax > 0.f ? amax / 127.f : 1.f;
     float rmax = 0.f;
+    double r1 = 0.0, n1 = 0.0;
     for (int64_t k = 0; k < K; k++) {
         const float p = fminf(fmaxf(nearbyintf(x[k] / s[0]), -127.f), 127.f);
         u1[k] = (uint8_t)((int)p + 128);
-        rmax = fmaxf(rmax, (float)fabs((double)x[k] - (double)s[0] * p));  /* exact in fp64 */
+        const double r = (double)x[k] - (double)s[0] * p;  /* exact in fp64 */
+        rmax = fmaxf(rmax, (float)fabs(r));
+        r1 += r * r;
+        n1 += (double)s[0] * p * (double)s[0] * p;
     }
     s[1] = rmax > 0.f ? rmax / 127.f : 1.f;
-    double d2 = 0.0, n1 = 0.0, n2 = 0.0;
+    double r2 = 0.0, n2 = 0.0;
     for (int64_t k = 0; k < K; k++) {
         const double p1 = (double)((int)u1[k] - 128), r = (double)x[k] - (double)s[0] * p1;
         const float p2 = fminf(fmaxf(nearbyintf((float)(r / s[1])), -127.f), 127.f);
         u2[k] = (uint8_t)((int)p2 + 128);
         const double left = r - (double)s[1] * p2;
-        d2 += left * left;
-        n1 += (double)s[0] * p1 * (double)s[0] * p1;
+        r2 += left * left;
         n2 += (double)s[1] * p2 * (double)s[1] * p2;
     }
     for (int64_t k = K; k < 4 * K4; k++) u1[k] = u2[k] = 128;
-    return sqrt(d2) + 0x1p-20 * (sqrt(n1) + sqrt(n2));
+    term[0] = sqrt(r1) + 0x1p-20 * sqrt(n1);
+    term[1] = sqrt(r2) + 0x1p-20 * (sqrt(n1) + sqrt(n2));
 }
 
 /* e = coef hnorm + qnorm dnorm + |a| 2^-19 for 16 rows, in the order of select_rows' scalar sum. */
@@ -224,43 +235,54 @@ static inline __mmask16 allowed16(const uint32_t *allowed, int64_t b, __mmask16 
     return lanes & (__mmask16)(allowed[b >> 1] >> ((b & 1) * 16));
 }
 
+static inline __mmask16 block_lanes(int64_t N, int64_t b) {
+    return (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
+}
+
 /* The whole screen (steps 1-3 of kernels/lm_head_screen.py) for M hidden states, with int8
- * activations (AVX-512 VNNI); P / rowsum as screen_pack_q8 made them.
- *
- * Approximate logits: each input x[m] is quantised to two int8 levels (quantise_two_levels:
- * one level of 254 steps leaves the bound too wide when x has outliers, as Gemma's hidden
- * states do), into xu [2 M, 4 K4] and sx [2 M];
+ * activations (AVX-512 VNNI); P / rowsum as screen_pack_q8 made them. Each input x[m] is
+ * quantised to two int8 levels (quantise_two_levels) into xu [2 M, 4 K4] (rows m: level 1,
+ * M + m: level 2) and sx [2 M];
  *   d_l[m, n] = sum_k Q[n, k] p_l[m, k] = sum_k Q[n, k] u_l[m, k] - 128 rowsum[n], exact in
- *   int32 (the u8 sums stay below 127 * 255 * K: K must be at most 65536);
- *   a[m, n] = float(d_1) (s[n] sx_1) + float(d_2) (s[n] sx_2), each product within 3u of
- *   s[n] Q[n] . sx_l p_l, so a is within 2^-20 qnorm[n] (|sx_1 p_1| + |sx_2 p_2|) + u |a| of
- *   s[n] Q[n] . x^ (x^ = sx_1 p_1 + sx_2 p_2), and
- *   |s[n] Q[n] . x[m] - a[m, n]| <= qnorm[n] dnorm[m] + u |a[m, n]|, dnorm[m] the term
- *   quantise_two_levels returns (written to dnorm; infinite for a non-finite x).
- * Bound and selection as screen_select's, with dnorm[m] (1 + 2^-10) rounded to fp32 and
- * hnorm[m] rounded to fp32: err (written where err is not NULL) and the candidates of row m
- * ascending in idx[m N ..], their count in counts[m] (-1 when some err is not finite).
- * allowed: NULL, or M grammar bitmasks (each NULL or [ceil(N / 32)] words).
+ *   int32 (the u8 sums stay below 127 * 255 * K: K must be at most 65536).
+ * Two stages, each a valid bound |s[n] Q[n] . x[m] - a| <= qnorm[n] term + u |a| (terms of
+ * quantise_two_levels, written to dnorm [M, 2]):
+ *   1. every row: a1 = float(d_1) (s[n] sx_1), e1 with term[0] (one level: a wide bound);
+ *   2. only in the 16-row blocks where some allowed row can still win under stage 1
+ *      (f(a1 + e1) >= f(max a1 - e1)): a2 = a1 + float(d_2) (s[n] sx_2), e2 with term[1].
+ * Rows left out at stage 1 stay out (their upper bound is below a lower bound that stage 2
+ * can only raise), so the candidates are the rows of those blocks with
+ *   f(a2 + e2) >= f(max(max_all a1 - e1, max_blocks a2 - e2)),
+ * the bounds e as in screen_select, with the terms (1 + 2^-10) and hnorm[m] rounded to fp32.
+ * a and err (when not NULL) [M, N] hold each row's tightest bound (stage 2 where computed);
+ * the candidates of row m ascending in idx[m N ..], their count in counts[m] (-1 when some
+ * stage-1 err is not finite). allowed: NULL, or M grammar bitmasks (each NULL or
+ * [ceil(N / 32)] words). Stage 2 costs a second pass over P's rows only where the first
+ * level leaves doubt (a few blocks of 16384 on the embedded model's hidden states, a few
+ * thousand for some), so M rows cost one level's products, not two. Up to four inputs, both
+ * levels fit stage 1's tile of eight at no extra read of P: stage 1 then forms a2 for every
+ * row into `second` [M, N] (scratch) and stage 2 takes it from there (the same bits).
  *
- * One pass over P: 16-row blocks in memory order, split across cores, each applied to the
- * quantised inputs eight at a time while it sits in L1; a block's a and e are formed in
- * registers, which keep each thread's max_j a_j - e_j per input and write each block's
- * largest key(a + e) to blockkey [M, ceil(N / 16)]. The candidates' pass then reads only the
- * blocks whose largest key reaches the threshold (a few dozen of 16384 on the embedded model). */
+ * Stage 1 is one pass over P: 16-row blocks in memory order, split across cores, each applied
+ * to the inputs eight at a time while it sits in L1; a block's a1 and e1 are formed in
+ * registers, which keep each thread's max a1 - e1 per input and write each block's largest
+ * key(a1 + e1) to blockkey [M, ceil(N / 16)]. */
 void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, const float *coef, const float *qnorm,
                  const float *x, const double *hnorm, int64_t M, int64_t N, int64_t K, int round_bf16,
                  const uint16_t *table, const uint32_t *const *allowed, uint8_t *xu, float *sx, uint32_t *blockkey,
-                 float *a, float *err, double *dnorm, int64_t *idx, int64_t *counts) {
-    const int64_t K4 = (K + 3) / 4, blocks = (N + 15) / 16, M2 = 2 * M;
-    float hn[M], dn[M], top[M];
+                 float *a, float *err, double *dnorm, int64_t *idx, int64_t *counts, float *second) {
+    const int64_t K4 = (K + 3) / 4, blocks = (N + 15) / 16;
+    const int both = 2 * M <= 8;  /* both levels fit stage 1's tile: computed there, kept in second [M, N] */
+    float hn[M], dn1[M], dn2[M], top[M];
     int bad[M];
-    uint32_t threshold[M];
+    uint32_t first[M], threshold[M];
     for (int64_t m = 0; m < M; m++) {
-        dnorm[m] = quantise_two_levels(x + m * K, K, K4, xu + 2 * m * 4 * K4, xu + (2 * m + 1) * 4 * K4, sx + 2 * m);
-        dn[m] = (float)(dnorm[m] * (1 + 0x1p-10));
+        quantise_two_levels(x + m * K, K, K4, xu + m * 4 * K4, xu + (M + m) * 4 * K4, sx + 2 * m, dnorm + 2 * m);
+        dn1[m] = (float)(dnorm[2 * m] * (1 + 0x1p-10));
+        dn2[m] = (float)(dnorm[2 * m + 1] * (1 + 0x1p-10));
         hn[m] = (float)hnorm[m];
         top[m] = -INFINITY;
-        bad[m] = !isfinite(dn[m]) || !isfinite(hn[m]);
+        bad[m] = !isfinite(dn1[m]) || !isfinite(dn2[m]) || !isfinite(hn[m]);
     }
     #pragma omp parallel
     {
@@ -268,36 +290,41 @@ void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, con
         int lo_bad[M];
         for (int64_t m = 0; m < M; m++) lo_max[m] = -INFINITY, lo_bad[m] = 0;
         #pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
+        for (int64_t b = 0; b < blocks; b++) {  /* stage 1 */
             const int8_t *w = P + b * K4 * 64;
-            const __mmask16 lanes = (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
+            const __mmask16 lanes = block_lanes(N, b);
             const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);  /* 128 rowsum */
             const __m512 sc = _mm512_maskz_loadu_ps(lanes, scale + 16 * b);
             const __m512 cf = _mm512_maskz_loadu_ps(lanes, coef + 16 * b), qn = _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b);
-            for (int64_t m0 = 0; m0 < M2; m0 += 8) {
-                const int nt = (M2 - m0) < 8 ? (int)(M2 - m0) : 8;  /* even: both levels of nt / 2 inputs */
+            for (int64_t m0 = 0; m0 < M; m0 += 8) {
+                const int nt = both ? (int)(2 * M) : (M - m0) < 8 ? (int)(M - m0) : 8;  /* both: rows m, then M + m */
                 const uint8_t *xb = xu + m0 * 4 * K4;
                 __m512i d[8];
                 switch (nt) {  /* constant tile sizes: the chains stay in registers */
+                    case 1: block_u8s8(w, xb, K4, 1, m0 == 0, d); break;
                     case 2: block_u8s8(w, xb, K4, 2, m0 == 0, d); break;
+                    case 3: block_u8s8(w, xb, K4, 3, m0 == 0, d); break;
                     case 4: block_u8s8(w, xb, K4, 4, m0 == 0, d); break;
+                    case 5: block_u8s8(w, xb, K4, 5, m0 == 0, d); break;
                     case 6: block_u8s8(w, xb, K4, 6, m0 == 0, d); break;
+                    case 7: block_u8s8(w, xb, K4, 7, m0 == 0, d); break;
                     default: block_u8s8(w, xb, K4, 8, m0 == 0, d); break;
                 }
-                for (int l = 0; l < nt; l += 2) {
-                    const int64_t m = (m0 + l) / 2;
-                    const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l], offset)),
-                                                    _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l])));
-                    const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l + 1], offset)),
-                                                    _mm512_mul_ps(sc, _mm512_set1_ps(sx[m0 + l + 1])));
-                    const __m512 am = _mm512_add_ps(hi, lo);
-                    const __m512 e = bound16(am, cf, qn, hn[m], dn[m]);
-                    _mm512_mask_storeu_ps(a + m * N + 16 * b, lanes, am);
-                    if (err) _mm512_mask_storeu_ps(err + m * N + 16 * b, lanes, e);
-                    lo_bad[m] |= _mm512_mask_fpclass_ps_mask(lanes, e, 0x99) != 0;  /* NaN or infinite */
+                for (int l = 0; l < (both ? (int)M : nt); l++) {
+                    const int64_t m = m0 + l;
+                    const __m512 a1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l], offset)),
+                                                    _mm512_mul_ps(sc, _mm512_set1_ps(sx[2 * m])));
+                    if (both)  /* a2 as stage 2 forms it */
+                        _mm512_mask_storeu_ps(second + m * N + 16 * b, lanes,
+                                              _mm512_add_ps(a1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[M + l], offset)),
+                                                                              _mm512_mul_ps(sc, _mm512_set1_ps(sx[2 * m + 1])))));
+                    const __m512 e1 = bound16(a1, cf, qn, hn[m], dn1[m]);
+                    _mm512_mask_storeu_ps(a + m * N + 16 * b, lanes, a1);
+                    if (err) _mm512_mask_storeu_ps(err + m * N + 16 * b, lanes, e1);
+                    lo_bad[m] |= _mm512_mask_fpclass_ps_mask(lanes, e1, 0x99) != 0;  /* NaN or infinite */
                     const __mmask16 ok = allowed16(allowed ? allowed[m] : NULL, b, lanes);
-                    lo_max[m] = fmaxf(lo_max[m], _mm512_mask_reduce_max_ps(ok, _mm512_sub_ps(am, e)));
-                    blockkey[m * blocks + b] = ok ? _mm512_mask_reduce_max_epu32(ok, keys16(_mm512_add_ps(am, e))) : 0u;
+                    lo_max[m] = fmaxf(lo_max[m], _mm512_mask_reduce_max_ps(ok, _mm512_sub_ps(a1, e1)));
+                    blockkey[m * blocks + b] = ok ? _mm512_mask_reduce_max_epu32(ok, keys16(_mm512_add_ps(a1, e1))) : 0u;
                 }
             }
         }
@@ -306,6 +333,37 @@ void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, con
             top[m] = fmaxf(top[m], lo_max[m]);
             bad[m] |= lo_bad[m];
         }
+        #pragma omp barrier
+        #pragma omp single
+        for (int64_t m = 0; m < M; m++) first[m] = bad[m] ? 0xffffffffu : threshold_key(top[m], round_bf16, table);
+        for (int64_t m = 0; m < M; m++) lo_max[m] = -INFINITY;
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {  /* stage 2, in the blocks stage 1 leaves open */
+            const __mmask16 lanes = block_lanes(N, b);
+            for (int64_t m = 0; m < M; m++) {
+                if (blockkey[m * blocks + b] < first[m]) continue;
+                __m512 a2;
+                if (both) {
+                    a2 = _mm512_maskz_loadu_ps(lanes, second + m * N + 16 * b);
+                } else {
+                    __m512i d[8];
+                    block_u8s8(P + b * K4 * 64, xu + (M + m) * 4 * K4, K4, 1, 0, d);
+                    const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);
+                    const __m512 sc = _mm512_maskz_loadu_ps(lanes, scale + 16 * b);
+                    const __m512 a1 = _mm512_maskz_loadu_ps(lanes, a + m * N + 16 * b);
+                    a2 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[0], offset)),
+                                                         _mm512_mul_ps(sc, _mm512_set1_ps(sx[2 * m + 1]))));
+                }
+                const __m512 e2 = bound16(a2, _mm512_maskz_loadu_ps(lanes, coef + 16 * b),
+                                          _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b), hn[m], dn2[m]);
+                _mm512_mask_storeu_ps(a + m * N + 16 * b, lanes, a2);
+                if (err) _mm512_mask_storeu_ps(err + m * N + 16 * b, lanes, e2);
+                const __mmask16 ok = allowed16(allowed ? allowed[m] : NULL, b, lanes);
+                lo_max[m] = fmaxf(lo_max[m], _mm512_mask_reduce_max_ps(ok, _mm512_sub_ps(a2, e2)));
+            }
+        }
+        #pragma omp critical
+        for (int64_t m = 0; m < M; m++) top[m] = fmaxf(top[m], lo_max[m]);
     }
     for (int64_t m = 0; m < M; m++) threshold[m] = bad[m] ? 0xffffffffu : threshold_key(top[m], round_bf16, table);
     const int threads = omp_get_max_threads() < 64 ? omp_get_max_threads() : 64;
@@ -318,13 +376,13 @@ void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, con
             int64_t c = 0, *out = idx + m * N + 16 * start;
             const uint32_t *mask = allowed ? allowed[m] : NULL;
             for (int64_t b = start; b < end; b++) {
-                if (blockkey[m * blocks + b] < threshold[m]) continue;
-                const __mmask16 lanes = (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
-                const __m512 am = _mm512_maskz_loadu_ps(lanes, a + m * N + 16 * b);
-                const __m512 e = bound16(am, _mm512_maskz_loadu_ps(lanes, coef + 16 * b),
-                                         _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b), hn[m], dn[m]);
+                if (blockkey[m * blocks + b] < first[m]) continue;  /* stage 2 was computed here */
+                const __mmask16 lanes = block_lanes(N, b);
+                const __m512 a2 = _mm512_maskz_loadu_ps(lanes, a + m * N + 16 * b);
+                const __m512 e2 = bound16(a2, _mm512_maskz_loadu_ps(lanes, coef + 16 * b),
+                                          _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b), hn[m], dn2[m]);
                 __mmask16 keep = allowed16(mask, b, lanes) &
-                                 _mm512_cmpge_epu32_mask(keys16(_mm512_add_ps(am, e)), _mm512_set1_epi32((int)threshold[m]));
+                                 _mm512_cmpge_epu32_mask(keys16(_mm512_add_ps(a2, e2)), _mm512_set1_epi32((int)threshold[m]));
                 for (; keep; keep &= keep - 1) out[c++] = 16 * b + __builtin_ctz(keep);
             }
             found[m][t] = c;

@@ -25,16 +25,19 @@ residual (computed in fp64), u = 2^-24 and g = (K + 2) u / (1 - (K + 2) u),
 so e_i = |h| (|r_i| + 2 g (|w_i| + |r_i|)), widened by 2^-10 relatively and |a_i| 2^-19
 absolutely to absorb the rounding of the bound's own arithmetic. |h| is computed in fp64.
 
-Where the CPU has AVX-512 VNNI, step 1 also quantises h, to two int8 levels h^ = t1 p1 +
-t2 p2 (the second quantises what the first leaves; one level of 254 steps left a bound so
-wide on Gemma's outlier-heavy hidden states that 6% of rows fell back to the full head):
-a_i = s_i (t1 q_i . p1 + t2 q_i . p2), the integer dots exact (`vpdpbusd`, 64 products an
-instruction, so eight rows of h cost about what one does). By Cauchy-Schwarz,
+Where the CPU has AVX-512 VNNI, h is quantised too, to two int8 levels h^ = t1 p1 + t2 p2
+(the second quantises what the first leaves), and the integer dots are exact (`vpdpbusd`,
+64 products an instruction, so eight rows of h cost about what one does). By Cauchy-Schwarz
     |s_i q_i . (h - h^)| <= |s_i q_i| |h - h^|,
 and the float arithmetic of a_i stays within 2^-20 |s_i q_i| (|t1 p1| + |t2 p2|) + u |a_i|,
 so e_i gains |s_i q_i| (|h - h^| + 2^-20 (|t1 p1| + |t2 p2|)) (|s_i q_i| from an exact
-integer sum of squares, rounded up; the rest in fp64, widened by 2^-10). On the embedded
-model the candidates stay those of fp32 activations (median 2 a row).
+integer sum of squares, rounded up; the rest in fp64, widened by 2^-10). Two stages: the
+first level alone for every row (a bound about three times as wide: on Gemma's outlier-heavy
+hidden states 6% of rows would fall back to the full head), then the second level only in
+the 16-row blocks where some row can still win. A row left out by the first stage stays out
+(its upper bound is below a lower bound the second stage can only raise), and on the
+embedded model the candidates are those of fp32 activations (median 2 a row) for the
+products of about one level.
 A non-finite hidden state falls back to the full lm_head, and so does a flat distribution
 (more than V / 8 candidates, where gathering rows would cost more than reading them all).
 Steps 2 and 3 run natively (cpu_screen.c), as the GEMVs do. Several hidden states (a
@@ -143,6 +146,7 @@ class LmHeadScreen:
         # scratch [rows, V], grown on demand (pages are touched only where written: ids, err)
         self.approx, self.err = torch.empty(0, V, dtype=torch.float32), torch.empty(0, V, dtype=torch.float32)
         self.ids = torch.empty(0, V, dtype=torch.int64)
+        self.second = torch.empty(0, V, dtype=torch.float32)  # int8 activations, up to 4 rows (cpu_screen.c)
         self.table = _output_table(finalize) if weight.dtype == torch.bfloat16 else None  # f at every bf16 [65536]
         probe = torch.linspace(-100.0, 100.0, 9)
         if self.table is None and not torch.equal(finalize(probe), probe):
@@ -183,18 +187,21 @@ class LmHeadScreen:
         table = self.table.data_ptr() if self.table is not None else None
         masks = [None if allowed is None or allowed[t] is None else _bitmask_ptr(allowed[t], V) for t in range(T)]
         hnorms = torch.linalg.vector_norm(hidden.double(), dim=1) * (1 + 2.0**-20)  # [T] fp64
-        self.activation_error = torch.zeros(T, dtype=torch.float64)  # the |h - h^| term per row (int8 activations)
+        self.activation_error = torch.zeros(T, 2, dtype=torch.float64)  # per row, one level / two (int8 activations)
         counts = torch.empty(T, dtype=torch.int64)
         if self.int8_activations:  # one call: two quantisation levels per row, codes [2T, K4 * 4], steps [2T]
             blocks = self.packed.shape[0] // 16
             codes, steps = torch.empty(2 * T, self.packed.shape[1], dtype=torch.uint8), torch.empty(2 * T)
             block_keys = torch.empty(T, blocks, dtype=torch.int32)
+            if T <= 4 and self.second.shape[0] < T:  # both levels in one pass: the second's logits [T, V]
+                self.second = torch.empty(4, V, dtype=torch.float32)
             mask_array = (ctypes.c_void_p * T)(*masks) if allowed is not None else None
             lib.screen_u8s8(
                 self.packed.data_ptr(), self.rowsum.data_ptr(), self.scales.data_ptr(), self.coef.data_ptr(),
                 self.qnorm.data_ptr(), hf.data_ptr(), hnorms.data_ptr(), T, V, K, self.table is not None, table,
                 mask_array, codes.data_ptr(), steps.data_ptr(), block_keys.data_ptr(), self.approx.data_ptr(), err,
                 self.activation_error.data_ptr(), self.ids.data_ptr(), counts.data_ptr(),
+                self.second.data_ptr() if T <= 4 else None,
             )
         else:
             lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), T, V, K, 1)

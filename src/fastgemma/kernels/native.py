@@ -90,7 +90,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         lib.screen_pack_q8.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr]
         lib.screen_unpack_q8.argtypes = [ptr, i64, i64, ptr]
         lib.screen_u8s8.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ptr, ptr,
-                                    ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+                                    ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
         lib.screen_pack_q8.restype = lib.screen_unpack_q8.restype = lib.screen_u8s8.restype = None
     lib.gelu_tanh_f32.argtypes = [ptr, ptr, i64]
     lib.gelu_tanh_f32.restype = None
