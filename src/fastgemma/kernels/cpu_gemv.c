@@ -64,79 +64,34 @@ static inline __attribute__((always_inline)) void row_dot_bf16(const uint16_t *w
     for (int m = 0; m < nt; m++) out[m] = _mm512_add_ps(a0[m], a1[m]);
 }
 
-/* Four weight rows (pointers w[4]) against ni <= 2 inputs (stride K), all in registers: each
- * (row, input) pair has exactly row_dot_bf16's two chains and tail, so its sum has the same
- * bits; the 16 chains share each weight load across both inputs and each input load across
- * the four rows (0.75 loads a product instead of 1.25), which is what bounds a multi-row
- * product once it no longer waits on memory. */
-static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *const w[4], const uint16_t *x, int64_t K,
-                                                            int64_t K32, __mmask32 tail, int ni, __m512 out[2][4]) {
-    __m512 a0[2][4], a1[2][4];
-    for (int i = 0; i < 2; i++)
-        for (int r = 0; r < 4; r++) a0[i][r] = a1[i][r] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 64 <= K32; k += 64) {
-        __m512bh w0[4], w1[4];
-        for (int r = 0; r < 4; r++) {
-            _mm_prefetch((const char *)(w[r] + k) + PREFETCH_BYTES, _MM_HINT_T0);
-            w0[r] = load_bh(w[r] + k, 0xffffffffu);
-            w1[r] = load_bh(w[r] + k + 32, 0xffffffffu);
-        }
-        for (int i = 0; i < ni; i++) {
-            const __m512bh xa = load_bh(x + i * K + k, 0xffffffffu), xb = load_bh(x + i * K + k + 32, 0xffffffffu);
-            for (int r = 0; r < 4; r++) {
-                a0[i][r] = _mm512_dpbf16_ps(a0[i][r], w0[r], xa);
-                a1[i][r] = _mm512_dpbf16_ps(a1[i][r], w1[r], xb);
-            }
-        }
-    }
-    if (k < K32)
-        for (int i = 0; i < ni; i++) {
-            const __m512bh xa = load_bh(x + i * K + k, 0xffffffffu);
-            for (int r = 0; r < 4; r++) a0[i][r] = _mm512_dpbf16_ps(a0[i][r], load_bh(w[r] + k, 0xffffffffu), xa);
-        }
-    if (tail)
-        for (int i = 0; i < ni; i++) {
-            const __m512bh xb = load_bh(x + i * K + K32, tail);
-            for (int r = 0; r < 4; r++) a1[i][r] = _mm512_dpbf16_ps(a1[i][r], load_bh(w[r] + K32, tail), xb);
-        }
-    for (int i = 0; i < ni; i++)
-        for (int r = 0; r < 4; r++) out[i][r] = _mm512_add_ps(a0[i][r], a1[i][r]);
-}
-
-static inline void store_sums(void *y, int64_t at, int rows, __m128 sums, int out_f32) {
-    float s[4];
-    _mm_storeu_ps(s, sums);
-    for (int r = 0; r < rows; r++) {
-        if (out_f32) ((float *)y)[at + r] = s[r];
-        else ((uint16_t *)y)[at + r] = f32_to_bf16(s[r]);
-    }
-}
-
-/* out_f32: 1 -> y is float*, 0 -> y is bf16 (uint16_t*). One input: a row at a time (one
- * sequential stream, memory-bound); several: four rows x two inputs in registers (tile_bf16). */
+/* out_f32: 1 -> y is float*, 0 -> y is bf16 (uint16_t*) */
 void gemv_bf16(const uint16_t *W, const uint16_t *x, void *y, int64_t M, int64_t N, int64_t K, int out_f32) {
     const int64_t K32 = K & ~(int64_t)31;
     const __mmask32 tail = (__mmask32)((1ull << (K - K32)) - 1ull);
     #pragma omp parallel for schedule(static)
     for (int64_t n0 = 0; n0 < N; n0 += 4) {
         const int64_t rows = (N - n0) < 4 ? (N - n0) : 4;
-        if (M == 1) {
-            __m512 acc[4], row[4];
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int nt = (M - m0) < 4 ? (int)(M - m0) : 4;
+            __m512 acc[4][4], row[4];  /* acc[input][weight row] */
             for (int r = 0; r < 4; r++) {
-                if (r < rows) row_dot_bf16(W + (n0 + r) * K, x, K, K32, tail, 1, row);
-                acc[r] = r < rows ? row[0] : _mm512_setzero_ps();
+                const uint16_t *w = W + (n0 + r) * K, *xm = x + m0 * K;
+                if (r < rows) switch (nt) {  /* constant tile sizes: the chains stay in registers */
+                    case 1: row_dot_bf16(w, xm, K, K32, tail, 1, row); break;
+                    case 2: row_dot_bf16(w, xm, K, K32, tail, 2, row); break;
+                    case 3: row_dot_bf16(w, xm, K, K32, tail, 3, row); break;
+                    default: row_dot_bf16(w, xm, K, K32, tail, 4, row); break;
+                }
+                for (int m = 0; m < nt; m++) acc[m][r] = r < rows ? row[m] : _mm512_setzero_ps();
             }
-            store_sums(y, n0, (int)rows, reduce4(acc), out_f32);
-            continue;
-        }
-        const uint16_t *w[4];
-        for (int r = 0; r < 4; r++) w[r] = W + (n0 + (r < rows ? r : 0)) * K;  /* a short block repeats its first row */
-        for (int64_t m0 = 0; m0 < M; m0 += 2) {
-            __m512 acc[2][4];
-            if (M - m0 >= 2) tile_bf16(w, x + m0 * K, K, K32, tail, 2, acc);
-            else tile_bf16(w, x + m0 * K, K, K32, tail, 1, acc);
-            for (int i = 0; i < 2 && m0 + i < M; i++) store_sums(y, (m0 + i) * N + n0, (int)rows, reduce4(acc[i]), out_f32);
+            for (int m = 0; m < nt; m++) {
+                float s[4];
+                _mm_storeu_ps(s, reduce4(acc[m]));
+                for (int r = 0; r < rows; r++) {
+                    if (out_f32) ((float *)y)[(m0 + m) * N + n0 + r] = s[r];
+                    else ((uint16_t *)y)[(m0 + m) * N + n0 + r] = f32_to_bf16(s[r]);
+                }
+            }
         }
     }
 }
