@@ -85,7 +85,10 @@ def run_level(base_url: str, model: str, prompts: list[str], concurrency: int, r
     lock, results, errors = threading.Lock(), [], []
 
     def client() -> None:
-        with httpx.Client(base_url=base_url + "/v1", timeout=3600) as c:
+        # a new connection per request: llama-server closes a connection after a stream
+        # (a reused one then fails with "Server disconnected"); loopback connects cost ~0.1 ms
+        no_reuse = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=base_url + "/v1", timeout=3600, limits=no_reuse) as c:
             while True:
                 with lock:
                     if not jobs:
