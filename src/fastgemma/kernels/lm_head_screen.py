@@ -172,7 +172,7 @@ class LmHeadScreen:
     ) -> list[ScreenRow]:
         """hidden: [T, D] -> per row, steps 1-3 of the module docstring natively (cpu_screen.c,
         and cpu_quant_gemv.c's GEMV for fp32 activations): the approximate logits a [V], the
-        bound e [V] (with_err; the int8-activation path can skip writing it), and the
+        bound e [V] (with_err; fp32 activations' per-row selection always writes it) and the
         candidates' ids ascending (their count -1 when not finite). The tensors are views of
         scratch buffers, overwritten by the next call. allowed[t]: row t's grammar bitmask
         (int32 [ceil(V / 32)]) or None (every token)."""
@@ -181,17 +181,17 @@ class LmHeadScreen:
         (V, K), T = self.weight.shape, hidden.shape[0]
         if self.approx.shape[0] < T:
             self.approx, self.ids = torch.empty(T, V, dtype=torch.float32), torch.empty(T, V, dtype=torch.int64)
+        with_err = with_err or not self.int8_activations  # the per-row selection needs it
         if with_err and self.err.shape[0] < T:
             self.err = torch.empty(T, V, dtype=torch.float32)
-        err = self.err.data_ptr() if with_err else None
         table = self.table.data_ptr() if self.table is not None else None
         masks = [None if allowed is None or allowed[t] is None else _bitmask_ptr(allowed[t], V) for t in range(T)]
         hnorms = torch.linalg.vector_norm(hidden.double(), dim=1) * (1 + 2.0**-20)  # [T] fp64
         self.activation_error = torch.zeros(T, 2, dtype=torch.float64)  # per row, one level / two (int8 activations)
         counts = torch.empty(T, dtype=torch.int64)
-        if self.int8_activations:  # one call: two quantisation levels per row, codes [2T, K4 * 4], steps [2T]
+        if self.int8_activations:  # one call: two quantisation levels per row, levels [2T, K4 * 4], steps [2T]
             blocks = self.packed.shape[0] // 16
-            codes, steps = torch.empty(2 * T, self.packed.shape[1], dtype=torch.uint8), torch.empty(2 * T)
+            levels, steps = torch.empty(2 * T, self.packed.shape[1], dtype=torch.uint8), torch.empty(2 * T)
             block_keys = torch.empty(T, blocks, dtype=torch.int32)
             if T <= 4 and self.second.shape[0] < T:  # both levels in one pass: the second's logits [T, V]
                 self.second = torch.empty(4, V, dtype=torch.float32)
@@ -199,14 +199,13 @@ class LmHeadScreen:
             lib.screen_u8s8(
                 self.packed.data_ptr(), self.rowsum.data_ptr(), self.scales.data_ptr(), self.coef.data_ptr(),
                 self.qnorm.data_ptr(), hf.data_ptr(), hnorms.data_ptr(), T, V, K, self.table is not None, table,
-                mask_array, codes.data_ptr(), steps.data_ptr(), block_keys.data_ptr(), self.approx.data_ptr(), err,
+                mask_array, levels.data_ptr(), steps.data_ptr(), block_keys.data_ptr(), self.approx.data_ptr(),
+                self.err.data_ptr() if with_err else None,
                 self.activation_error.data_ptr(), self.ids.data_ptr(), counts.data_ptr(),
                 self.second.data_ptr() if T <= 4 else None,
             )
         else:
             lib.gemv_q8(self.qweight.data_ptr(), self.scales.data_ptr(), hf.data_ptr(), self.approx.data_ptr(), T, V, K, 1)
-            if self.err.shape[0] < T:
-                self.err = torch.empty(T, V, dtype=torch.float32)
             for t in range(T):
                 counts[t] = lib.screen_select(
                     self.approx[t].data_ptr(), self.coef.data_ptr(), float(hnorms[t]), V,
