@@ -260,6 +260,18 @@ def test_masked_full_head_fallback_stays_masked(int8_activations):
     assert screen.argmax(flat, [_bitmask(most)])[0] == 100 and screen.last_candidates == 1024
 
 
+@pytest.mark.skipif(not HAS_VNNI, reason="no AVX-512 VNNI build")
+def test_codes_held_in_vnni_order_come_back_row_major():
+    """The int8-activation screen keeps its codes in VNNI order; `codes()` (what the ready
+    cache stores) gives the row-major codes back, and a screen built from them is the same."""
+    weight = _weight(1000, 643, torch.bfloat16)  # rows and columns that need padding
+    rows = LmHeadScreen(weight, lambda x: x, int8_activations=False).codes()
+    vnni = LmHeadScreen(weight, lambda x: x, int8_activations=True)
+    assert all(torch.equal(a, b) for a, b in zip(vnni.codes(), rows))
+    again = LmHeadScreen(weight, lambda x: x, codes=vnni.codes(), int8_activations=True)
+    assert torch.equal(again.packed, vnni.packed) and torch.equal(again.qnorm, vnni.qnorm)
+
+
 def test_non_monotone_post_processing_is_refused():
     with pytest.raises(ValueError, match="not monotone"):
         LmHeadScreen(_weight(256, 64, torch.bfloat16), lambda x: -x)

@@ -3,9 +3,10 @@
 The library is compiled once per source version and instruction set with the system C
 compiler into fastgemma's cache and loaded with ctypes. Two builds: AVX-512 BF16 (bf16
 products with `vdpbf16ps`) where the CPU has it, else AVX2 + FMA (bf16 widened to fp32
-exactly). The AVX-512 build also takes AVX-512 VNNI (every CPU with AVX-512 BF16 has it): the
-lm_head screen's int8-activation GEMV. Where neither can be used (an older CPU, no compiler, $FASTGEMMA_NATIVE=0)
-`load()` returns None and callers use torch's kernels; `status()` says which and why.
+exactly). The AVX-512 build also needs AVX-512 VNNI (every CPU with AVX-512 BF16 has it) for
+the lm_head screen's int8 activations (`screen_u8s8`, absent from the AVX2 build). Where
+neither can be used (an older CPU, no compiler, $FASTGEMMA_NATIVE=0) `load()` returns None
+and callers use torch's kernels; `status()` says which and why.
 """
 
 from __future__ import annotations
