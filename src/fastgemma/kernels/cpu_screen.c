@@ -12,8 +12,9 @@
  * Returns the number of candidates, or -1 when some a[i] or err[i] is not finite (the caller
  * then takes the full lm_head).
  *
- * screen_u8s8 (AVX-512 VNNI builds) does all three steps with int8 activations, in one pass
- * over the codes, its bound having the activations' term (below).
+ * screen_u8s8 (AVX-512 VNNI builds) does all three steps for every row of a step with int8
+ * activations: one pass over the codes, then a second level only in the blocks the first
+ * leaves open; its bound has the activations' term (below).
  */
 #include <math.h>
 #include <omp.h>
