@@ -62,6 +62,17 @@ static uint32_t threshold_key(float top, int round_bf16, const uint16_t *table) 
     return high;
 }
 
+/* The candidates' pass writes each thread's ids ascending at idx + u * stride (thread u of
+ * `used`, found[u] of them); this moves the runs together, in thread order, and returns the count. */
+static int64_t join_runs(int64_t *idx, int64_t stride, const int64_t *found, int used) {
+    int64_t n = 0;
+    for (int u = 0; u < used; u++) {
+        __builtin_memmove(idx + n, idx + u * stride, (size_t)found[u] * sizeof(int64_t));
+        n += found[u];
+    }
+    return n;
+}
+
 /* f is non-decreasing, so max_j f(lo_j) = f(max_j lo_j), and f(x) >= B is an up-set of the
  * floats: it holds exactly from the smallest x0 with f(x0) >= B on (found by bisection over
  * the float keys, 32 evaluations of f). Each row then costs a float subtraction and a key
@@ -93,10 +104,7 @@ static inline __attribute__((always_inline)) int64_t select_rows(
         counts[t] = c;
         #pragma omp barrier
         #pragma omp single
-        for (int u = 0; u < threads; u++) {  /* each thread's ascending run, in thread order */
-            __builtin_memmove(idx + n, idx + u * per, (size_t)counts[u] * sizeof(int64_t));
-            n += counts[u];
-        }
+        n = join_runs(idx, per, counts, threads);
     }
     return n;
 }
@@ -236,6 +244,16 @@ static inline __mmask16 allowed16(const uint32_t *allowed, int64_t b, __mmask16 
     return lanes & (__mmask16)(allowed[b >> 1] >> ((b & 1) * 16));
 }
 
+/* 128 rowsum[16 b ..]: the u8 offset's share of 16 rows' integer dots. */
+static inline __m512i offset16(const int32_t *rowsum, int64_t b) {
+    return _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);
+}
+
+/* One level's logits for 16 rows: float(d - offset) (s[n] step), both products rounded. */
+static inline __m512 level16(__m512i d, __m512i offset, __m512 scale, float step) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d, offset)), _mm512_mul_ps(scale, _mm512_set1_ps(step)));
+}
+
 static inline __mmask16 block_lanes(int64_t N, int64_t b) {
     return (N - 16 * b) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - 16 * b)) - 1u);
 }
@@ -294,7 +312,7 @@ void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, con
         for (int64_t b = 0; b < blocks; b++) {  /* stage 1 */
             const int8_t *w = P + b * K4 * 64;
             const __mmask16 lanes = block_lanes(N, b);
-            const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);  /* 128 rowsum */
+            const __m512i offset = offset16(rowsum, b);
             const __m512 sc = _mm512_maskz_loadu_ps(lanes, scale + 16 * b);
             const __m512 cf = _mm512_maskz_loadu_ps(lanes, coef + 16 * b), qn = _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b);
             for (int64_t m0 = 0; m0 < M; m0 += 8) {
@@ -313,12 +331,10 @@ void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, con
                 }
                 for (int l = 0; l < (both ? (int)M : nt); l++) {
                     const int64_t m = m0 + l;
-                    const __m512 a1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[l], offset)),
-                                                    _mm512_mul_ps(sc, _mm512_set1_ps(sx[2 * m])));
+                    const __m512 a1 = level16(d[l], offset, sc, sx[2 * m]);
                     if (both)  /* a2 as stage 2 forms it */
                         _mm512_mask_storeu_ps(second + m * N + 16 * b, lanes,
-                                              _mm512_add_ps(a1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[M + l], offset)),
-                                                                              _mm512_mul_ps(sc, _mm512_set1_ps(sx[2 * m + 1])))));
+                                              _mm512_add_ps(a1, level16(d[M + l], offset, sc, sx[2 * m + 1])));
                     const __m512 e1 = bound16(a1, cf, qn, hn[m], dn1[m]);
                     _mm512_mask_storeu_ps(a + m * N + 16 * b, lanes, a1);
                     if (err) _mm512_mask_storeu_ps(err + m * N + 16 * b, lanes, e1);
@@ -349,11 +365,9 @@ void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, con
                 } else {
                     __m512i d[8];
                     block_u8s8(P + b * K4 * 64, xu + (M + m) * 4 * K4, K4, 1, 0, d);
-                    const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(rowsum + 16 * b)), 7);
-                    const __m512 sc = _mm512_maskz_loadu_ps(lanes, scale + 16 * b);
-                    const __m512 a1 = _mm512_maskz_loadu_ps(lanes, a + m * N + 16 * b);
-                    a2 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[0], offset)),
-                                                         _mm512_mul_ps(sc, _mm512_set1_ps(sx[2 * m + 1]))));
+                    a2 = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, a + m * N + 16 * b),
+                                       level16(d[0], offset16(rowsum, b), _mm512_maskz_loadu_ps(lanes, scale + 16 * b),
+                                               sx[2 * m + 1]));
                 }
                 const __m512 e2 = bound16(a2, _mm512_maskz_loadu_ps(lanes, coef + 16 * b),
                                           _mm512_maskz_loadu_ps(lanes, qnorm + 16 * b), hn[m], dn2[m]);
@@ -391,11 +405,7 @@ void screen_u8s8(const int8_t *P, const int32_t *rowsum, const float *scale, con
         #pragma omp barrier
         #pragma omp single
         for (int64_t m = 0; m < M; m++) {
-            int64_t n = 0;
-            for (int u = 0; u < used; u++) {  /* each thread's ascending run, in thread order */
-                __builtin_memmove(idx + m * N + n, idx + m * N + 16 * u * per, (size_t)found[m][u] * sizeof(int64_t));
-                n += found[m][u];
-            }
+            const int64_t n = join_runs(idx + m * N, 16 * per, found[m], used);
             counts[m] = bad[m] ? -1 : n;
         }
     }

@@ -146,7 +146,10 @@ class LmHeadScreen:
         # scratch [rows, V], grown on demand (pages are touched only where written: ids, err)
         self.approx, self.err = torch.empty(0, V, dtype=torch.float32), torch.empty(0, V, dtype=torch.float32)
         self.ids = torch.empty(0, V, dtype=torch.int64)
-        self.second = torch.empty(0, V, dtype=torch.float32)  # int8 activations, up to 4 rows (cpu_screen.c)
+        # int8 activations (cpu_screen.c): the second level's logits (up to 4 rows) and each
+        # 16-row block's largest stage-1 key [rows, V16 / 16]
+        self.second = torch.empty(0, V, dtype=torch.float32)
+        self.block_keys = torch.empty(0, -(-V // 16), dtype=torch.int32)
         self.table = _output_table(finalize) if weight.dtype == torch.bfloat16 else None  # f at every bf16 [65536]
         probe = torch.linspace(-100.0, 100.0, 9)
         if self.table is None and not torch.equal(finalize(probe), probe):
@@ -190,16 +193,16 @@ class LmHeadScreen:
         self.activation_error = torch.zeros(T, 2, dtype=torch.float64)  # per row, one level / two (int8 activations)
         counts = torch.empty(T, dtype=torch.int64)
         if self.int8_activations:  # one call: two quantisation levels per row, levels [2T, K4 * 4], steps [2T]
-            blocks = self.packed.shape[0] // 16
             levels, steps = torch.empty(2 * T, self.packed.shape[1], dtype=torch.uint8), torch.empty(2 * T)
-            block_keys = torch.empty(T, blocks, dtype=torch.int32)
-            if T <= 4 and self.second.shape[0] < T:  # both levels in one pass: the second's logits [T, V]
+            if self.block_keys.shape[0] < T:  # scratch kept across steps: 64 KiB a row, not faulted in each step
+                self.block_keys = torch.empty(T, self.block_keys.shape[1], dtype=torch.int32)
+            if T <= 4 and self.second.shape[0] < T:  # both levels in one pass
                 self.second = torch.empty(4, V, dtype=torch.float32)
             mask_array = (ctypes.c_void_p * T)(*masks) if allowed is not None else None
             lib.screen_u8s8(
                 self.packed.data_ptr(), self.rowsum.data_ptr(), self.scales.data_ptr(), self.coef.data_ptr(),
                 self.qnorm.data_ptr(), hf.data_ptr(), hnorms.data_ptr(), T, V, K, self.table is not None, table,
-                mask_array, levels.data_ptr(), steps.data_ptr(), block_keys.data_ptr(), self.approx.data_ptr(),
+                mask_array, levels.data_ptr(), steps.data_ptr(), self.block_keys.data_ptr(), self.approx.data_ptr(),
                 self.err.data_ptr() if with_err else None,
                 self.activation_error.data_ptr(), self.ids.data_ptr(), counts.data_ptr(),
                 self.second.data_ptr() if T <= 4 else None,
