@@ -9,7 +9,10 @@ screen (int8 activations where the CPU has AVX-512 VNNI, kernels/cpu_screen.c) a
 screen over the same int8 codes taking fp32 activations (kernels/cpu_quant_gemv.c's GEMV and
 a per-row selection), alternating, median over repetitions; also the rows each one
 recomputes in full precision (median per row). Both give the plain path's tokens, which it
-checks. The last line is JSON.
+checks. Last, why the int8 activations have two levels: over the same hidden states, the
+candidates a bound with the first level alone would leave (median, 90th percentile, and
+how many states exceed V / 8, where the screen falls back to the full lm_head). The last
+line is JSON.
 """
 
 from __future__ import annotations
@@ -77,7 +80,33 @@ def main() -> None:
     for r in results:
         print(f"{r['rows']:>4} {r['fp32_activations_ms']:>13.2f} {r['int8_activations_ms']:>13.2f} "
               f"{r['fp32_candidates']:>7.0f} / {r['int8_candidates']:<7.0f}")
-    print(json.dumps({"hidden_states": hidden.shape[0], "levels": results}))
+    one = one_level_candidates(screen, hidden)
+    counts = torch.tensor(one, dtype=torch.float64)
+    one_level = {"median": float(counts.median()), "p90": float(counts.quantile(0.9)),
+                 "fallbacks": int((counts > screen.weight.shape[0] // 8).sum())}
+    print(f"first level alone, candidates per hidden state: median {one_level['median']:.0f}, "
+          f"p90 {one_level['p90']:.0f}, over V/8 (full-head fallback) {one_level['fallbacks']} of {len(one)}")
+    print(json.dumps({"hidden_states": hidden.shape[0], "levels": results, "one_level": one_level}))
+
+
+def one_level_candidates(screen, hidden: torch.Tensor, chunk: int = 32768) -> list[int]:
+    """Per hidden state, the rows the screen's stage 1 (one int8 level of h) leaves as
+    candidates: f(a1 + e1) >= f(max a1 - e1), with the screen's own one-level activation term
+    (kernels/cpu_screen.c; a1 in fp32 from the integer dots, exact here)."""
+    codes, (V, _) = screen.codes()[0], screen.weight.shape
+    f = lambda x: screen.finalize(x.to(screen.weight.dtype)).float()  # noqa: E731
+    counts = []
+    for h in hidden:
+        screen.bounds(h[None], with_err=False)
+        term = float(screen.activation_error[0, 0]) * (1 + 2.0**-10)
+        x = h.float()
+        step = x.abs().max() / 127
+        p1 = (x / step).round().clamp(-127, 127)
+        a1 = torch.cat([codes[i : i + chunk].float() @ p1 for i in range(0, V, chunk)]) * (screen.scales * step)
+        hnorm = float(torch.linalg.vector_norm(h.double())) * (1 + 2.0**-20)
+        e1 = screen.coef * hnorm + screen.qnorm[:V] * term + a1.abs() * 2.0**-19
+        counts.append(int((f(a1 + e1) >= f(a1 - e1).max()).sum()))
+    return counts
 
 
 if __name__ == "__main__":

@@ -32,11 +32,11 @@ Where the CPU has AVX-512 VNNI, h is quantised too, to two int8 levels h^ = t1 p
 and the float arithmetic of a_i stays within 2^-20 |s_i q_i| (|t1 p1| + |t2 p2|) + u |a_i|,
 so e_i gains |s_i q_i| (|h - h^| + 2^-20 (|t1 p1| + |t2 p2|)) (|s_i q_i| from an exact
 integer sum of squares, rounded up; the rest in fp64, widened by 2^-10). Two stages: the
-first level alone for every row (a bound about three times as wide: on Gemma's outlier-heavy
-hidden states 6% of rows would fall back to the full head), then the second level only in
+first level alone for every row (a wider bound: on the embedded model's outlier-heavy
+hidden states, 6% would fall back to the full head with it alone), then the second level only in
 the 16-row blocks where some row can still win. A row left out by the first stage stays out
 (its upper bound is below a lower bound the second stage can only raise), and on the
-embedded model the candidates are those of fp32 activations (median 2 a row) for the
+embedded model the candidates are those of fp32 activations (benchmarks/lm_head_screen.py) for the
 products of about one level.
 A non-finite hidden state falls back to the full lm_head, and so does a flat distribution
 (more than V / 8 candidates, where gathering rows would cost more than reading them all).
