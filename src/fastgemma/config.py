@@ -109,8 +109,9 @@ class EngineConfig:
         flag="--max-num-seqs", low=1, high=1024, plain=1,
     )
     max_num_batched_tokens: int | None = option(
-        None, "Tokens one engine step computes: decode rows plus prompt chunks (default: prefill-chunk + "
-        "max-num-seqs, one chunk beside a full batch).",
+        None, "Tokens one engine step computes: decode rows plus prompt tokens, a chunk that does not fit running "
+        "a few layers a step (default: max-num-seqs + 8 on CPU, for smooth streams; max-num-seqs + prefill-chunk "
+        "elsewhere).",
         flag="--max-num-batched-tokens", low=1, plain=None,
     )
     kernels: str = option(
@@ -180,11 +181,6 @@ class EngineConfig:
         if self.speculative != "none" and self.kernels == "torch":
             raise ValueError(
                 "speculative decoding needs fastgemma's kernels (kernels=auto): with kernels=torch use speculative=none"
-            )
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.prefill_chunk:
-            raise ValueError(
-                f"max_num_batched_tokens {self.max_num_batched_tokens} is below prefill_chunk {self.prefill_chunk}: "
-                "a prompt chunk would never fit a step; raise --max-num-batched-tokens or lower --prefill-chunk"
             )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(

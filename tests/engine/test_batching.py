@@ -46,9 +46,12 @@ def _workload(seed: int = 0) -> list[tuple[int, list[int], SamplingParams]]:
     return work
 
 
-def _run(engine: LLMEngine, work, cancel: dict[int, int] | None = None) -> list[tuple[list[int], list]]:
+def _run(
+    engine: LLMEngine, work, cancel: dict[int, int] | None = None, paused: list[int] | None = None
+) -> list[tuple[list[int], list]]:
     """Add each request at its arrival step; `cancel` {request: output length}: abort it
-    there. Returns every request's (tokens, logprobs)."""
+    there. Returns every request's (tokens, logprobs); `paused` gets, after each step, the
+    number of sequences whose prompt chunk stopped between stages."""
     cancel = cancel or {}
     seqs: dict[int, object] = {}
     step = 0
@@ -61,6 +64,8 @@ def _run(engine: LLMEngine, work, cancel: dict[int, int] | None = None) -> list[
                 engine.finish(seqs[i], "abort")
         if engine.has_unfinished():
             engine.step()
+            if paused is not None:
+                paused.append(sum(seq.prefill is not None for seq in engine.scheduler.running))
         step += 1
     return [(list(seqs[i].output_token_ids), list(seqs[i].output_logprobs)) for i in range(len(work))]
 
@@ -73,13 +78,20 @@ def _alone(folder, opts: dict, work) -> list[tuple[list[int], list]]:
 @needs_native
 @pytest.mark.parametrize("name", ["tiny_e4b", "tiny_e2b", "tiny_gemma3"])
 @pytest.mark.parametrize("path", list(PATHS))
-def test_each_request_gets_its_tokens_alone_whatever_joins_or_leaves(name, path, request):
+@pytest.mark.parametrize("budget", [20, 6])
+def test_each_request_gets_its_tokens_alone_whatever_joins_or_leaves(name, path, budget, request):
+    """budget 20 tokens a step: whole chunks of 16 beside 4 decodes; 6: a chunk runs a stage
+    or a few per step (a layer's attention or feed-forward), paused between stages while the
+    others decode."""
     folder, opts = request.getfixturevalue(name), PATHS[path]
     work = _workload()
     alone = _alone(folder, opts, work)
-    llm = LLM(str(folder), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=4, **opts)
+    llm = LLM(str(folder), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=4,
+              max_num_batched_tokens=budget, **opts)
     assert llm.runner.batched and llm.model.fused_decode == (path == "fused bf16")
-    assert _run(llm.engine, work) == alone
+    paused: list[int] = []
+    assert _run(llm.engine, work, paused=paused) == alone
+    assert (max(paused) > 0) == (budget == 6)  # with the small budget, chunks ran over several steps
     # Cancelled mid-stream: the others are unaffected; the cancelled ones stopped where cut.
     cut = {1: 3, 4: 1}
     got = _run(llm.engine, work, cancel=cut)
@@ -122,18 +134,46 @@ def test_the_fixed_shape_step_batches_exactly(tiny_gemma3):
 
 @needs_native
 @pytest.mark.parametrize("path", ["fused bf16", "per-op fp32"])
-def test_a_growing_cache_gives_the_tokens_of_a_whole_one(tiny_e4b, path, monkeypatch):
+@pytest.mark.parametrize("budget", [19, 6])
+def test_a_growing_cache_gives_the_tokens_of_a_whole_one(tiny_e4b, path, budget, monkeypatch):
     """The pool's full layers start at 8 positions per slot and double while sequences run
-    (reallocated between forwards, the fused step's pointers taken again): every request's
-    tokens are the ones it gets with the cache allocated whole."""
+    (reallocated between forwards, the fused step's pointers taken again; with budget 6 also
+    while a prompt chunk is paused between stages): every request's tokens are the ones it
+    gets with the cache allocated whole."""
     from fastgemma.models import kv_cache
 
     work = _workload(3)
-    whole = LLM(str(tiny_e4b), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=3, **PATHS[path])
+    opts = dict(device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=3, max_num_batched_tokens=budget)
+    whole = LLM(str(tiny_e4b), **opts, **PATHS[path])
     assert whole.runner.pool.capacity == LEN
     want = _run(whole.engine, work)
     monkeypatch.setattr(kv_cache, "INITIAL_CAPACITY", 8)
-    grown = LLM(str(tiny_e4b), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=3, **PATHS[path])
+    grown = LLM(str(tiny_e4b), **opts, **PATHS[path])
     assert grown.runner.pool.capacity == 8
     assert _run(grown.engine, work) == want
     assert grown.runner.pool.generation >= 3 and grown.runner.pool.capacity <= LEN
+
+
+@needs_native
+def test_a_request_cancelled_while_its_chunk_is_paused_frees_its_slot_cleanly(tiny_e4b):
+    """Aborted between two stages of its prompt chunk: the others' tokens do not change, and
+    the next request in its slot gets its own tokens alone (nothing of the paused chunk is
+    left in the slot or the engine)."""
+    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    a, b, c = [3, 1, 4, 1, 5], [7 + i % 50 for i in range(40)], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9]
+    alone = _alone(tiny_e4b, PATHS["fused bf16"], [(0, a, greedy), (0, c, greedy)])
+    llm = LLM(str(tiny_e4b), device="cpu", max_model_len=LEN, prefill_chunk=16, max_num_seqs=2,
+              max_num_batched_tokens=4, dtype="bfloat16")
+    engine = llm.engine
+    sa = engine.add_request(a, greedy)
+    engine.step()
+    sb = engine.add_request(b, greedy)
+    while sb.prefill is None or sb.num_computed_tokens == 0:
+        engine.step()  # until b's second chunk stops between stages
+    slot = sb.slot
+    engine.finish(sb, "abort")
+    sc = engine.add_request(c, greedy)
+    while engine.has_unfinished():
+        engine.step()
+    assert sc.slot == slot and not sb.output_token_ids
+    assert [sa.output_token_ids, sc.output_token_ids] == [t for t, _ in alone]

@@ -18,9 +18,11 @@ EOS = 31
 
 class CountingRunner:
     """Predicts (token + 1) % V after every token: logits one-hot at that id. Records calls:
-    ("prefill", chunk, start, slot) and ("decode", [(slot, ids, position), ...])."""
+    ("prefill", chunk, start, slot) when a chunk is done, ("stages", start, slot, from, to) when
+    it pauses, and ("decode", [(slot, ids, position), ...])."""
 
     device = torch.device("cpu")
+    num_stages = 4
 
     def __init__(self, max_model_len: int = 64, num_seqs: int = 1, prefill_chunk: int = 512):
         self.max_model_len, self.prefill_chunk = max_model_len, prefill_chunk
@@ -35,12 +37,23 @@ class CountingRunner:
         rows[torch.arange(len(ids)), torch.tensor([(t + 1) % V for t in ids])] = 10.0
         return rows
 
-    def prefill_from(self, ids: list[int], start: int, slot: int, soft=None, out="logits", allowed=None):
-        chunk = ids[start : start + self.prefill_chunk]
-        self.calls.append(("prefill", list(chunk), start, slot))
-        self.last_hidden = torch.zeros(len(chunk), 4)
-        logits = self._rows(chunk)[-1]
-        return int(torch.argmax(logits)) if out == "greedy" else logits if out == "logits" else None
+    def start_prefill(self, ids: list[int], start: int, slot: int, soft=None) -> SimpleNamespace:
+        return SimpleNamespace(chunk=ids[start : start + self.prefill_chunk], start=start, slot=slot, next_stage=0)
+
+    def advance_prefill(self, work: SimpleNamespace, stages: int | None = None) -> torch.Tensor | None:
+        stop = self.num_stages if stages is None else min(self.num_stages, work.next_stage + stages)
+        if stop < self.num_stages:
+            self.calls.append(("stages", work.start, work.slot, work.next_stage, stop))
+            work.next_stage = stop
+            return None
+        self.calls.append(("prefill", list(work.chunk), work.start, work.slot))
+        self.last_hidden = torch.zeros(1, 4)
+        self.last_hidden[0, 0] = work.chunk[-1]  # first_token reads the chunk's last id from it
+        return self.last_hidden
+
+    def first_token(self, hidden: torch.Tensor, out: str = "logits", allowed=None):
+        logits = self._rows([int(hidden[-1, 0])])[-1]
+        return int(torch.argmax(logits)) if out == "greedy" else logits
 
     def decode_batch(self, batch: list[DecodeRows]) -> list[DecodeResult]:
         self.calls.append(("decode", [(r.slot, list(r.ids), r.position) for r in batch]))
@@ -101,6 +114,44 @@ def test_a_long_prompt_is_chunked_within_the_token_budget_beside_running_decodes
     # every step while b's prompt ran still decoded a: no stream freezes
     steps = [c for c in runner.calls if c[0] == "decode"]
     assert len(steps) == 5
+
+
+def test_a_chunk_beyond_the_budget_runs_a_few_stages_a_step_beside_the_decodes():
+    """Budget 3 tokens a step, 1 decode: 2 tokens x 4 stages of room, so a chunk of 4 runs 2
+    stages a step (paused between), a chunk of 2 whole; a second prompt waits its turn (FIFO)."""
+    engine, runner = _engine(num_seqs=3, prefill_chunk=4, max_num_batched_tokens=3)
+    a = engine.add_request([1], SamplingParams(max_tokens=9, temperature=0.0))
+    engine.step()  # nothing else runs: a's prompt whole
+    b = engine.add_request(list(range(1, 11)), SamplingParams(max_tokens=1, temperature=0.0))
+    c = engine.add_request([20, 21, 22, 23], SamplingParams(max_tokens=1, temperature=0.0))
+    steps = []
+    while not b.is_finished:
+        runner.calls.clear()
+        engine.step()
+        steps.append([call for call in runner.calls if call[0] != "decode" or call[1][0][0] != a.slot])
+        assert ("decode", [(a.slot, [a.output_token_ids[-2]], a.num_tokens - 2)]) in runner.calls  # a every step
+    assert steps == [
+        [("stages", 0, b.slot, 0, 2)],
+        [("prefill", [1, 2, 3, 4], 0, b.slot)],
+        [("stages", 4, b.slot, 0, 2)],
+        [("prefill", [5, 6, 7, 8], 4, b.slot)],
+        [("prefill", [9, 10], 8, b.slot)],  # 2 tokens x 4 stages fit
+    ]
+    assert b.output_token_ids == [11] and not c.output_token_ids  # c waited behind b
+    _run(engine)
+    assert c.output_token_ids == [24] and a.output_token_ids == list(range(2, 11))
+
+
+def test_a_budget_below_one_stage_still_runs_one_stage_a_step():
+    engine, runner = _engine(num_seqs=2, prefill_chunk=4, max_num_batched_tokens=1)
+    a = engine.add_request([1], SamplingParams(max_tokens=8, temperature=0.0))
+    engine.step()
+    b = engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=1, temperature=0.0))
+    _run(engine)
+    stages = [c for c in runner.calls if c[0] in ("stages", "prefill") and c[-1 if c[0] == "prefill" else 2] == b.slot]
+    assert stages == [("stages", 0, b.slot, 0, 1), ("stages", 0, b.slot, 1, 2), ("stages", 0, b.slot, 2, 3),
+                      ("prefill", [5, 6, 7, 8], 0, b.slot)]
+    assert b.output_token_ids == [9] and a.output_token_ids == list(range(2, 10))
 
 
 @pytest.mark.parametrize("params, prompt, output, reason", [

@@ -2,8 +2,8 @@
 
     def step(self):
         plan = self.scheduler.schedule()              # engine/scheduler.py: who runs, what
-        for seq in plan.prefills:                     # one prompt chunk each; the last one
-            self.prefill(seq)                         #   samples the first token
+        for seq, stages in plan.prefills:             # some stages of a prompt chunk each (a
+            self.prefill(seq, stages)                 #   chunk may pause); the last samples
         self.decode(plan.decodes)                     # one forward over every decoding row:
             # per sequence [last token, *draft] -> runner.decode_batch -> accept -> postprocess
         return the sequences that got tokens
@@ -39,7 +39,7 @@ from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampler import sample
 from fastgemma.engine.sampling_params import SamplingParams
-from fastgemma.engine.scheduler import Scheduler
+from fastgemma.engine.scheduler import Scheduler, default_token_budget
 from fastgemma.engine.sequence import Sequence
 from fastgemma.engine.speculative import SpecStats, accept_greedy, accept_sampled
 from fastgemma.engine.structured_output import GrammarCompiler
@@ -61,8 +61,9 @@ class LLMEngine:
         self.runner, self.eos_token_ids, self.vocab_size = runner, set(eos_token_ids), vocab_size
         self.proposer, self.grammars = proposer, grammars
         self.spec_stats = SpecStats()
-        budget = max_num_batched_tokens or runner.prefill_chunk + runner.pool.num_seqs
-        self.scheduler = Scheduler(runner.pool.num_seqs, budget, runner.prefill_chunk)
+        budget = max_num_batched_tokens or default_token_budget(
+            runner.pool.num_seqs, runner.prefill_chunk, cpu=runner.device.type == "cpu")
+        self.scheduler = Scheduler(runner.pool.num_seqs, budget, runner.prefill_chunk, runner.num_stages)
 
     @property
     def max_model_len(self) -> int:
@@ -121,31 +122,34 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Advance every scheduled sequence (module docstring); return those that got tokens."""
         plan = self.scheduler.schedule()
-        advanced = [seq for seq in plan.prefills if self.prefill(seq)]
+        advanced = [seq for seq, stages in plan.prefills if self.prefill(seq, stages)]
         if plan.decodes:
             self.decode(plan.decodes)
         return advanced + plan.decodes
 
-    def prefill(self, seq: Sequence) -> bool:
-        """Compute the sequence's next prompt chunk; after the last, sample its first token
-        (returns True then)."""
+    def prefill(self, seq: Sequence, stages: int | None = None) -> bool:
+        """Run the next `stages` stages (None: all; two a layer) of the sequence's prompt chunk
+        in progress, starting the next chunk if none is; after the last chunk's last stage,
+        sample its first token (returns True then)."""
         if seq.multimodal is not None:
             seq.soft = self.runner.media(seq.prompt_token_ids, seq.multimodal)
             seq.multimodal = None  # the towers ran; their soft tokens go in chunk by chunk
-        start = seq.num_computed_tokens
-        seq.num_computed_tokens = min(start + self.runner.prefill_chunk, seq.num_prompt_tokens)
-        last = seq.num_computed_tokens == seq.num_prompt_tokens
-        greedy = seq.params.greedy and seq.params.logprobs is None  # the token only: no full logits needed
-        out = None if not last else "greedy" if greedy else "logits"
-        allowed = seq.grammar.bitmask() if last and seq.grammar is not None else None
-        first = self.runner.prefill_from(seq.prompt_token_ids, start, seq.slot, seq.soft, out, allowed)
-        if not last:
+        if seq.prefill is None:
+            seq.prefill = self.runner.start_prefill(seq.prompt_token_ids, seq.num_computed_tokens, seq.slot, seq.soft)
+        hidden = self.runner.advance_prefill(seq.prefill, stages)  # [1, D] once the chunk is done
+        if hidden is None:
+            return False
+        seq.prefill = None
+        seq.num_computed_tokens = min(seq.num_computed_tokens + self.runner.prefill_chunk, seq.num_prompt_tokens)
+        if seq.num_computed_tokens < seq.num_prompt_tokens:
             return False
         seq.soft = None
-        seq.target_hidden = self.runner.last_hidden[-1]
-        if greedy:
-            self.postprocess(seq, [first], None)
+        seq.target_hidden = hidden[-1]
+        allowed = seq.grammar.bitmask() if seq.grammar is not None else None
+        if seq.params.greedy and seq.params.logprobs is None:  # the token only: no full logits needed
+            self.postprocess(seq, [self.runner.first_token(hidden, "greedy", allowed)], None)
         else:
+            first = self.runner.first_token(hidden, "logits")
             pick = first if allowed is None else masked(first, allowed)
             self.postprocess(seq, [sample(pick, seq.params, seq.generator)], first[None])
         return True

@@ -11,6 +11,10 @@ nothing of sampling, stopping or text. Every method takes the cache slot it work
   ids the grammar bitmask `allowed` lets through, when given) or nothing (None: a chunk
   before the prompt's last). Chunks start at multiples of `prefill_chunk` (absolute positions),
   so a prompt's numbers do not depend on when its chunks run or what runs beside them.
+  In parts: `start_prefill(ids, start, slot, soft)` makes the chunk's forward,
+  `advance_prefill(work, stages)` runs its next stages (a layer's attention or feed-forward;
+  None: the rest) and returns the last row's hidden state once done, `first_token(hidden,
+  out, allowed)` picks from it: the engine spreads a chunk over steps so, with the same bits.
   `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first.
 - `prefill(ids, multimodal, slot)`: a whole prompt, chunk after chunk; last logits.
 - `decode_batch(rows)`: one decode-like forward over rows of many sequences, each
@@ -43,7 +47,7 @@ import torch
 from fastgemma.engine.static_step import StaticStep
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
 from fastgemma.kernels.lm_head_screen import masked
-from fastgemma.models.gemma import GemmaForCausalLM
+from fastgemma.models.gemma import GemmaForCausalLM, PartialForward
 from fastgemma.models.kv_cache import KVCache, KVCachePool, decode_metadata
 from fastgemma.models.towers import MultimodalInputs, MultimodalTowers
 
@@ -106,6 +110,11 @@ class ModelRunner:
         self.last_hidden: torch.Tensor | None = None  # [T, D] normed hidden rows of the last prefill / decode / verify
 
     @property
+    def num_stages(self) -> int:
+        """Stages of a forward (a layer's attention, its feed-forward): what a chunk pauses between."""
+        return self.model.num_stages
+
+    @property
     def cache(self) -> KVCache:
         """Slot 0's cache (the one-sequence API)."""
         return self.pool.seqs[0]
@@ -113,7 +122,7 @@ class ModelRunner:
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
-    def _forward(
+    def _begin(
         self,
         ids: list[int],
         start: int,
@@ -121,11 +130,19 @@ class ModelRunner:
         slot: int = 0,
         decode_like: bool = False,
         soft: tuple[torch.Tensor, torch.Tensor] | None = None,  # this chunk's (soft_embeds [N, D], soft_mask [T])
-    ) -> torch.Tensor:
+    ) -> PartialForward:
+        """The chunk's forward, no stage run yet (`model.advance` runs them)."""
         cache = self.pool.seqs[slot]
         meta = cache.metadata(start, len(ids), decode_like)
         embeds, ple_ids = self.model.embed(self._ids(ids), *(soft or ()))
-        return self.model(embeds, ple_ids, meta, cache, keep)
+        return self.model.begin(embeds, ple_ids, meta, cache, keep)
+
+    def _forward(
+        self, ids: list[int], start: int, keep: torch.Tensor | None, slot: int = 0,
+        soft: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The chunk's whole forward: its final normed hidden states [len(keep) or T, D]."""
+        return self.model.advance(self._begin(ids, start, keep, slot, soft=soft))
 
     @torch.inference_mode()
     def media(self, ids: list[int], multimodal: MultimodalInputs) -> Soft:
@@ -133,6 +150,39 @@ class ModelRunner:
         assert self.towers is not None, "multimodal inputs for a model without towers"
         soft_embeds, soft_mask = self.towers.soft_embeddings(self._ids(ids), multimodal)  # [N, D], [T]
         return soft_embeds, soft_mask, torch.cumsum(soft_mask, 0) - soft_mask.long()
+
+    @torch.inference_mode()
+    def start_prefill(self, ids: list[int], start: int, slot: int = 0, soft: Soft | None = None) -> PartialForward:
+        """The forward of ids[start : start + prefill_chunk] (positions start..; start a
+        multiple of prefill_chunk) into the slot, keeping the chunk's last row; no stage run
+        yet (`advance_prefill`)."""
+        assert start % self.prefill_chunk == 0, (start, self.prefill_chunk)
+        chunk = ids[start : start + self.prefill_chunk]
+        last = torch.tensor([len(chunk) - 1], device=self.device)
+        part = None
+        if soft is not None and (mask := soft[1][start : start + len(chunk)]).any():
+            first = int(soft[2][start])
+            part = (soft[0][first : first + int(mask.sum())], mask)
+        return self._begin(chunk, start, last, slot, soft=part)
+
+    @torch.inference_mode()
+    def advance_prefill(self, work: PartialForward, stages: int | None = None) -> torch.Tensor | None:
+        """Run a chunk's next `stages` stages (None: the rest); once done, its last row's final
+        hidden state [1, D] (also `last_hidden`), else None."""
+        hidden = self.model.advance(work, stages)
+        if hidden is not None:
+            self.last_hidden = hidden
+        return hidden
+
+    @torch.inference_mode()
+    def first_token(
+        self, hidden: torch.Tensor, out: str = "logits", allowed: torch.Tensor | None = None
+    ) -> torch.Tensor | int:
+        """From a finished chunk's hidden row [1, D]: its logits [V] (`out` "logits") or its
+        greedy token ("greedy"; among the ids of the bitmask `allowed` [W] when given)."""
+        if out == "greedy":
+            return self.model.greedy_tokens(hidden, None if allowed is None else [allowed])[0]
+        return self.model.compute_logits(hidden)[0]
 
     @torch.inference_mode()
     def prefill_from(
@@ -144,21 +194,10 @@ class ModelRunner:
         out: str | None = "logits",
         allowed: torch.Tensor | None = None,
     ) -> torch.Tensor | int | None:
-        """Write ids[start : start + prefill_chunk] (positions start..; start a multiple of
-        prefill_chunk) into the slot; return the chunk's last row's logits [V] (`out`
-        "logits"), its greedy token ("greedy"; among the ids of the bitmask `allowed` [W]
-        when given) or None (None)."""
-        assert start % self.prefill_chunk == 0, (start, self.prefill_chunk)
-        chunk = ids[start : start + self.prefill_chunk]
-        last = torch.tensor([len(chunk) - 1], device=self.device)
-        part = None
-        if soft is not None and (mask := soft[1][start : start + len(chunk)]).any():
-            first = int(soft[2][start])
-            part = (soft[0][first : first + int(mask.sum())], mask)
-        hidden = self.last_hidden = self._forward(chunk, start, last, slot, soft=part)
-        if out == "greedy":
-            return self.model.greedy_tokens(hidden, None if allowed is None else [allowed])[0]
-        return self.model.compute_logits(hidden)[0] if out == "logits" else None
+        """One whole chunk (start_prefill, every stage): `first_token(..., out, allowed)`, or
+        None when `out` is None."""
+        hidden = self.advance_prefill(self.start_prefill(ids, start, slot, soft))
+        return None if out is None else self.first_token(hidden, out, allowed)
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], multimodal: MultimodalInputs | None = None, slot: int = 0) -> torch.Tensor:

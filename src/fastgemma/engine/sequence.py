@@ -10,6 +10,7 @@ import torch
 
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.structured_output import Grammar
+from fastgemma.models.gemma import PartialForward
 from fastgemma.models.towers import MultimodalInputs
 
 _ids = itertools.count()
@@ -32,6 +33,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     slot: int | None = None  # its cache slot while running (engine/scheduler.py)
     num_computed_tokens: int = 0  # tokens whose K/V are in its cache slot
+    prefill: PartialForward | None = None  # the prompt chunk in progress, paused between stages
     generator: torch.Generator | None = None
     multimodal: MultimodalInputs | None = None  # tower inputs, until prefill has merged them
     soft: tuple[torch.Tensor, ...] | None = None  # the towers' soft tokens while the prompt is prefilled
@@ -41,6 +43,12 @@ class Sequence:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def num_computed_stages(self) -> int:
+        """Stages (a layer's attention or feed-forward) of the prompt chunk in progress already
+        run (0 between chunks)."""
+        return 0 if self.prefill is None else self.prefill.next_stage
 
     @property
     def num_tokens(self) -> int:
@@ -56,3 +64,4 @@ class Sequence:
 
     def finish(self, reason: str) -> None:
         self.status, self.finish_reason = Status.FINISHED, reason
+        self.prefill = None  # a chunk paused between stages (a cancelled request) is dropped

@@ -18,6 +18,12 @@ forward gathers its tokens' rows there and sends only them (`ple_rows`; a fixed-
 stages them itself, engine/static_step.py); rows are copied, never computed, so this is bit
 for bit the table on the device. On the CPU the loader maps it from the file instead.
 
+A forward in stages: `forward` = `advance(begin(...))`. `begin` prepares the inputs (PLE,
+RoPE rows) and `advance(work, stages)` runs the next stages, two a layer (its attention, then
+its feed-forward), pausing in between (`PartialForward` holds the hidden rows; the K/V are
+already in the cache). The engine spreads a long prompt chunk over several steps so; the ops
+and their order are the same as one call's, so are the bits.
+
 Prefill shortcut (Gemma 4): when only some positions' hidden states are wanted (`keep`),
 the KV-shared layers run on those positions only; scoring passes keep=None (all).
 Decode-like chunks (`meta.decode_like`: a decode step, or the K + 1 tokens of a speculative
@@ -35,7 +41,7 @@ This module owns no cache and no sampling; it reads and writes the cache it is g
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -94,15 +100,44 @@ class DecoderLayer(nn.Module):
         cache: KVCache,
         shared_kv: KV | None,
     ) -> tuple[torch.Tensor, KV]:
+        h, kv = self.attend(h, cos, sin, meta, cache, shared_kv)
+        return self.feed_forward(h, ple), kv
+
+    def attend(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, cache: KVCache,
+        shared_kv: KV | None,
+    ) -> tuple[torch.Tensor, KV]:
+        """The layer's first half: h [T, D] + its attention's output; the K/V it attended over."""
         attn, kv = self.self_attn(self.input_layernorm(h), cos, sin, meta, cache, shared_kv)
-        h = h + self.post_attention_layernorm(attn)
+        return h + self.post_attention_layernorm(attn), kv
+
+    def feed_forward(self, h: torch.Tensor, ple: torch.Tensor | None) -> torch.Tensor:
+        """The layer's second half: MLP, per-layer input (Gemma 4) and layer scalar; [T, D]."""
         h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         if self.has_ple:
             gated = gelu_tanh(self.per_layer_input_gate(h), self.per_layer_input_gate.use_native) * ple
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
         if self.layer_scalar is not None:
             h = h * self.layer_scalar
-        return h, kv
+        return h
+
+
+@dataclass
+class PartialForward:
+    """A forward paused between stages (`GemmaForCausalLM.begin` / `advance`; a stage is a
+    decoder layer's attention or its feed-forward): the engine runs a long prompt chunk a few
+    stages per step, so that the running streams' steps do not wait for the whole chunk.
+    Nothing of it lives in the model: a paused forward's state is here, its K/V already in its
+    sequence's cache."""
+
+    h: torch.Tensor  # [T, D] the hidden rows entering stage `next_stage` (after the KV-shared cut: [K, D])
+    ple: torch.Tensor | None  # [T, L, P] per-layer inputs (Gemma 4)
+    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]  # layer type -> (cos, sin) [T, hd] at the rows' positions
+    meta: AttentionMetadata
+    cache: KVCache
+    keep: torch.Tensor | None  # [K] rows to return (None: all), until the KV-shared cut applies it
+    shared: dict[int, KV] = field(default_factory=dict)  # K/V of source layers for later KV-shared layers
+    next_stage: int = 0
 
 
 class GemmaForCausalLM(nn.Module):
@@ -250,32 +285,68 @@ class GemmaForCausalLM(nn.Module):
         keep: torch.Tensor | None = None,  # [K] chunk indices whose hidden states are returned; None = all
         ple_rows: torch.Tensor | None = None,  # [T, L * P] the PLE table's rows, gathered by the caller
     ) -> torch.Tensor:
+        """The final normed hidden states [K, D] (K = len(keep), or T)."""
+        out = self.advance(self.begin(embeds, ple_ids, meta, cache, keep, ple_rows))
+        assert out is not None
+        return out
+
+    def begin(
+        self,
+        embeds: torch.Tensor,  # [T, D]
+        ple_ids: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        cache: KVCache,
+        keep: torch.Tensor | None = None,
+        ple_rows: torch.Tensor | None = None,
+    ) -> PartialForward:
+        """A forward with no stage run yet (`advance` runs them); arguments as `forward`'s."""
         ple = self.per_layer_inputs(embeds, ple_ids, ple_rows) if self.spec.per_layer_input_size else None
         self.reserve_positions(max(meta.end, max(meta.row_positions) + 1 if meta.row_positions else 0))
+        rope = {}
+        if not (self.fused_decode and meta.decode_like):
+            dtype, pos = embeds.dtype, meta.positions
+            rope = {t: (self.rope_cos[t][pos].to(dtype), self.rope_sin[t][pos].to(dtype)) for t in self.rope_cos}
+        return PartialForward(embeds, ple, rope, meta, cache, keep)
+
+    @property
+    def num_stages(self) -> int:
+        """What `advance` counts: two stages a decoder layer (its attention, its feed-forward)."""
+        return 2 * self.spec.num_layers
+
+    def advance(self, work: PartialForward, stages: int | None = None) -> torch.Tensor | None:
+        """Run the forward's next `stages` stages (None: the rest; a fused decode-like forward
+        runs whole); once the last has run, the final normed hidden states [K, D], else None.
+        Split or not, the same ops run in the same order: the same bits."""
+        meta = work.meta
         if self.fused_decode and meta.decode_like:
             first = meta.row_caches[0]
             if self._decode_layers is None or not self._decode_layers.serves(first):
                 self._decode_layers = decode_layers.NativeDecodeLayers(self, first, NATIVE_MAX_ROWS)
-            return self.norm(self._decode_layers.run(embeds.contiguous(), ple, meta))
-        dtype, pos = embeds.dtype, meta.positions
-        rope = {t: (self.rope_cos[t][pos].to(dtype), self.rope_sin[t][pos].to(dtype)) for t in self.rope_cos}
-        h, shared = embeds, {}
-        for i, layer in enumerate(self.layers):
-            if i == self.spec.first_kv_shared_layer and keep is not None and meta.num_tokens > 1:
+            work.next_stage = self.num_stages
+            return self.norm(self._decode_layers.run(work.h.contiguous(), work.ple, meta))
+        stop = self.num_stages if stages is None else min(self.num_stages, work.next_stage + stages)
+        for stage in range(work.next_stage, stop):
+            i, layer = stage // 2, self.layers[stage // 2]
+            if stage % 2:
+                work.h = layer.feed_forward(work.h, None if work.ple is None else work.ple[:, i])
+                continue
+            if i == self.spec.first_kv_shared_layer and work.keep is not None and meta.num_tokens > 1:
                 # KV-shared layers write no cache, so only the kept positions need to go on
                 # (transformers' `_maybe_slice_kv_shared_inputs`): their queries still see
                 # every key their source layers produced.
-                h, ple = h[keep], None if ple is None else ple[keep]
-                rope = {t: (c[keep], s_[keep]) for t, (c, s_) in rope.items()}
-                meta = replace(meta, masks={t: None if m is None else m[keep] for t, m in meta.masks.items()})
-                keep = None
-            cos, sin = rope[self.spec.layers[i].layer_type]
-            src = self.spec.layers[i].kv_source
-            h, kv = layer(h, None if ple is None else ple[:, i], cos, sin, meta, cache, shared.get(src))
+                keep = work.keep
+                work.h, work.ple = work.h[keep], None if work.ple is None else work.ple[keep]
+                work.rope = {t: (c[keep], s_[keep]) for t, (c, s_) in work.rope.items()}
+                meta = work.meta = replace(meta, masks={t: None if m is None else m[keep] for t, m in meta.masks.items()})
+                work.keep = None
+            cos, sin = work.rope[self.spec.layers[i].layer_type]
+            work.h, kv = layer.attend(work.h, cos, sin, meta, work.cache, work.shared.get(self.spec.layers[i].kv_source))
             if i in self.kv_sources:
-                shared[i] = kv
-        if keep is not None:
-            h = h[keep]
+                work.shared[i] = kv
+        work.next_stage = stop
+        if stop < self.num_stages:
+            return None
+        h = work.h if work.keep is None else work.h[work.keep]
         return self.norm(h)
 
     def lm_head_weight(self) -> torch.Tensor:
