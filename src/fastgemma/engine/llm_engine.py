@@ -39,7 +39,7 @@ from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampler import sample
 from fastgemma.engine.sampling_params import SamplingParams
-from fastgemma.engine.scheduler import Scheduler, default_token_budget
+from fastgemma.engine.scheduler import Scheduler
 from fastgemma.engine.sequence import Sequence
 from fastgemma.engine.speculative import SpecStats, accept_greedy, accept_sampled
 from fastgemma.engine.structured_output import GrammarCompiler
@@ -61,8 +61,11 @@ class LLMEngine:
         self.runner, self.eos_token_ids, self.vocab_size = runner, set(eos_token_ids), vocab_size
         self.proposer, self.grammars = proposer, grammars
         self.spec_stats = SpecStats()
-        budget = max_num_batched_tokens or default_token_budget(
-            runner.pool.num_seqs, runner.prefill_chunk, cpu=runner.device.type == "cpu")
+        # Unset: paced to the decode rows on a CPU (engine/scheduler.py `paced_budget`); on a GPU
+        # a chunk costs a few decode steps, so one whole chunk beside a full batch.
+        budget = max_num_batched_tokens
+        if budget is None and runner.device.type != "cpu":
+            budget = runner.prefill_chunk + runner.pool.num_seqs
         self.scheduler = Scheduler(runner.pool.num_seqs, budget, runner.prefill_chunk, runner.num_stages)
 
     @property

@@ -9,12 +9,13 @@ models/kv_cache.py). One rule covers prefill, chunking and decoding: each sequen
         admit waiting sequences while a slot is free           (FIFO; the rest wait)
         decodes  = running sequences whose prompt is computed  (one row each, + drafts)
         prefills = running sequences still behind, in order: (sequence, stages of its
-                   current chunk to run), within max_num_batched_tokens - len(decodes)
-                   tokens, where a chunk of n tokens costs n / num_stages per stage
-                   (a stage: one layer's attention or feed-forward); a chunk that does not
-                   fit whole runs the stages that fit and pauses, and later prompts wait
-                   (FIFO); at least one stage a step, and the whole chunk when nothing
-                   decodes (no stream waits for it then)
+                   current chunk to run) within the step's prompt tokens,
+                   max_num_batched_tokens - len(decodes) (unset: `paced_budget`, the decode
+                   rows + 8 + 1/16 of the prompt tokens queued), a chunk of n tokens costing n / num_stages a stage (one
+                   layer's attention or feed-forward); a chunk that does not fit whole runs
+                   the stages that fit and pauses, and later prompts wait (FIFO); at least
+                   one stage a step, and the whole chunk when nothing decodes (no stream
+                   waits for it then)
 
 A chunk is `prefill_chunk` tokens at an absolute boundary (a multiple of prefill_chunk), and
 its stages are the same ops in the same order however many steps they spread over
@@ -32,17 +33,21 @@ from dataclasses import dataclass, field
 
 from fastgemma.engine.sequence import Sequence, Status
 
-CPU_PREFILL_TOKENS = 8  # prompt tokens' worth of stages beside a full batch, by default on a CPU
+PACED_EXTRA_TOKENS = 8  # paced budget: prompt tokens a step beyond one per decode row
+PACED_QUEUE_STEPS = 48  # paced budget: prompt tokens queued behind the chunk in progress are worked off in about as many steps
 
 
-def default_token_budget(max_num_seqs: int, prefill_chunk: int, cpu: bool) -> int:
-    """max_num_batched_tokens when none is given. On a CPU a prompt token through every layer
-    costs about what one more decode row does, and a whole chunk of a few hundred tokens
-    stalls the running streams for ten decode steps: a full batch plus `CPU_PREFILL_TOKENS`
-    keeps a step with prompt work within ~2x a decode step (the embedded model, 8 streams:
-    one or two stages of a 250-token chunk a step). On a GPU a chunk costs a few decode
-    steps: one whole chunk beside a full batch."""
-    return max_num_seqs + (CPU_PREFILL_TOKENS if cpu else prefill_chunk)
+def paced_budget(num_decodes: int, queued_tokens: int) -> int:
+    """The token budget of a step with `num_decodes` decode rows when none is set (on a CPU):
+    as many prompt tokens' worth of stages as decode rows, plus `PACED_EXTRA_TOKENS`, plus
+    1 / `PACED_QUEUE_STEPS` of the prompt tokens queued behind the chunk in progress. On a
+    CPU a prompt token through every layer costs about what a decode row adds to a step, so a
+    step with prompt work stays within ~2x a decode step while prompt work keeps pace with
+    the streams (a request whose prompt is about as long as its output frees its slot as fast
+    as the next prompt fills one); a burst of arrivals (a queue) is worked off faster, so
+    that the time to first token stays bounded. A fixed budget must choose between long
+    stalls when few rows decode and prompts that queue without bound when many do."""
+    return 2 * num_decodes + PACED_EXTRA_TOKENS + queued_tokens // PACED_QUEUE_STEPS
 
 
 @dataclass
@@ -56,8 +61,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, prefill_chunk: int, num_stages: int):
-        assert max_num_seqs >= 1 and max_num_batched_tokens >= 1 and prefill_chunk >= 1 and num_stages >= 1
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int | None, prefill_chunk: int, num_stages: int):
+        """max_num_batched_tokens None: `paced_budget` at every step."""
+        assert max_num_seqs >= 1 and (max_num_batched_tokens or 1) >= 1 and prefill_chunk >= 1 and num_stages >= 1
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.prefill_chunk, self.num_stages = prefill_chunk, num_stages
         self.waiting: deque[Sequence] = deque()
@@ -85,10 +91,14 @@ class Scheduler:
             self.running.append(seq)
         out = SchedulerOutput(decodes=[s for s in self.running if s.num_computed_tokens >= s.num_prompt_tokens])
         S = self.num_stages
-        budget = (self.max_num_batched_tokens - len(out.decodes)) * S  # token-stages
-        for seq in self.running:
-            if seq.num_computed_tokens >= seq.num_prompt_tokens:
-                continue
+        behind = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens]
+        tokens = self.max_num_batched_tokens
+        if tokens is None:
+            remaining = [s.num_prompt_tokens - s.num_computed_tokens for s in [*behind, *self.waiting]]
+            in_progress = min(self.prefill_chunk, remaining[0]) if remaining else 0  # the first's current chunk
+            tokens = paced_budget(len(out.decodes), sum(remaining) - in_progress)
+        budget = (tokens - len(out.decodes)) * S  # token-stages
+        for seq in behind:
             n = min(self.prefill_chunk, seq.num_prompt_tokens - seq.num_computed_tokens)
             left = S - seq.num_computed_stages
             stages = min(left, max(budget, 0) // n)
