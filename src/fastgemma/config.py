@@ -110,8 +110,8 @@ class EngineConfig:
     )
     max_num_batched_tokens: int | None = option(
         None, "Tokens one engine step computes: decode rows plus prompt tokens, a chunk that does not fit running "
-        "a few layers a step (default: on CPU twice the decode rows + 8, paced so that streams stay smooth and "
-        "prompts keep up; elsewhere max-num-seqs + prefill-chunk).",
+        "a few layers a step (default: on CPU paced to the decode rows, so that streams stay smooth and prompts keep "
+        "up; elsewhere max-num-seqs + prefill-chunk).",
         flag="--max-num-batched-tokens", low=1, plain=None,
     )
     kernels: str = option(
