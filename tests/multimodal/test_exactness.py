@@ -99,3 +99,32 @@ def test_towers_run_once_at_prefill_only(mm_llm, monkeypatch):
     assert len(out.outputs[0].token_ids) == 8 and len(calls) == 1
     out = mm_llm.generate("Just text", params)[0]
     assert len(out.outputs[0].token_ids) == 8 and len(calls) == 1
+
+
+def test_an_image_prompt_spread_over_steps_beside_a_stream_gets_its_tokens_alone(tiny_multimodal):
+    """Chunks of 16 that split the soft-token run, each run a stage or a few a step beside a
+    decoding text stream (budget 3 tokens a step): the same tokens and log-probabilities as
+    each prompt alone."""
+    from fastgemma import LLM
+
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True, logprobs=3)  # the text stream outlasts the image prompt
+    image = {"prompt": "Look: <|image|> What is it?", "multi_modal_data": {"image": [make_image()]}}
+    opts = dict(dtype="float32", max_model_len=512, prefill_chunk=16)
+    ref = LLM(str(tiny_multimodal), **opts)
+    alone = [_tokens_and_logprobs(ref.generate(p, params)[0]) for p in ("Just text", image)]
+    llm = LLM(str(tiny_multimodal), **opts, max_num_seqs=2, max_num_batched_tokens=3)
+    engine, paused = llm.engine, []
+    step = engine.step
+
+    def watched_step():
+        out = step()
+        paused.append(any(s.prefill is not None for s in engine.scheduler.running))
+        return out
+
+    engine.step = watched_step
+    together = [_tokens_and_logprobs(o) for o in llm.generate(["Just text", image], params)]
+    assert any(paused) and together == alone
+
+
+def _tokens_and_logprobs(out) -> tuple[list[int], list]:
+    return list(out.outputs[0].token_ids), list(out.outputs[0].logprobs)
