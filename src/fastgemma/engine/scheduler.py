@@ -10,12 +10,11 @@ models/kv_cache.py). One rule covers prefill, chunking and decoding: each sequen
         decodes  = running sequences whose prompt is computed  (one row each, + drafts)
         prefills = running sequences still behind, in order: (sequence, stages of its
                    current chunk to run) within the step's prompt tokens,
-                   max_num_batched_tokens - len(decodes) (unset: `paced_budget`, the decode
-                   rows + 8 + 1/16 of the prompt tokens queued), a chunk of n tokens costing n / num_stages a stage (one
-                   layer's attention or feed-forward); a chunk that does not fit whole runs
-                   the stages that fit and pauses, and later prompts wait (FIFO); at least
-                   one stage a step, and the whole chunk when nothing decodes (no stream
-                   waits for it then)
+                   max_num_batched_tokens - len(decodes) (unset: `paced_budget`), a chunk
+                   of n tokens costing n / num_stages a stage (one layer's attention or
+                   feed-forward); a chunk that does not fit whole runs the stages that fit
+                   and pauses, and later prompts wait (FIFO); at least one stage a step,
+                   and the whole chunk when nothing decodes (no stream waits for it then)
 
 A chunk is `prefill_chunk` tokens at an absolute boundary (a multiple of prefill_chunk), and
 its stages are the same ops in the same order however many steps they spread over
@@ -34,7 +33,7 @@ from dataclasses import dataclass, field
 from fastgemma.engine.sequence import Sequence, Status
 
 PACED_EXTRA_TOKENS = 8  # paced budget: prompt tokens a step beyond one per decode row
-PACED_QUEUE_STEPS = 48  # paced budget: prompt tokens queued behind the chunk in progress are worked off in about as many steps
+PACED_QUEUE_STEPS = 48  # paced budget: a queue of prompt tokens is worked off in about as many steps
 
 
 def paced_budget(num_decodes: int, queued_tokens: int) -> int:
