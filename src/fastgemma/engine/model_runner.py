@@ -128,12 +128,11 @@ class ModelRunner:
         start: int,
         keep: torch.Tensor | None,
         slot: int = 0,
-        decode_like: bool = False,
         soft: tuple[torch.Tensor, torch.Tensor] | None = None,  # this chunk's (soft_embeds [N, D], soft_mask [T])
     ) -> PartialForward:
         """The chunk's forward, no stage run yet (`model.advance` runs them)."""
         cache = self.pool.seqs[slot]
-        meta = cache.metadata(start, len(ids), decode_like)
+        meta = cache.metadata(start, len(ids))
         embeds, ple_ids = self.model.embed(self._ids(ids), *(soft or ()))
         return self.model.begin(embeds, ple_ids, meta, cache, keep)
 
