@@ -56,3 +56,38 @@ def test_a_fixed_budget_ignores_the_queue_and_fills_in_chunks_that_fit():
     a, b = _prompt(sched, 4), _prompt(sched, 250)
     # a's 4 tokens x 36 stages fit whole; b gets what is left, in whole stages
     assert sched.schedule().prefills == [(a, STAGES), (b, (16 * STAGES - 4 * STAGES) // 250)]
+
+
+def _choices(sched: Scheduler, n: int) -> list[Sequence]:
+    """A prompt's n choices as the engine queues them: the first, and its forks."""
+    first = _prompt(sched, 20)
+    forks = [Sequence(list(range(20)), SamplingParams(), fork_of=first) for _ in range(n - 1)]
+    first.forks = list(forks)
+    return [first, *forks]
+
+
+def test_choices_are_admitted_together_and_only_the_first_computes_the_prompt():
+    sched = Scheduler(4, None, 512, STAGES)
+    _decoding(sched, 2)
+    group = _choices(sched, 3)  # 3 slots needed, 2 free: it waits
+    assert sched.schedule().prefills == [] and sched.num_waiting == 1
+    sched.finish(sched.running[0])
+    plan = sched.schedule()
+    assert [s.slot for s in group] == [0, 2, 3] and sched.running[-3:] == group
+    # one decode row; the forks get no work and their prompts are not counted as queued
+    assert plan.prefills == [(group[0], (2 + PACED_EXTRA_TOKENS - 1) * STAGES // 20)] and len(plan.decodes) == 1
+
+
+def test_a_finished_source_leaves_its_forks_to_compute_their_own_prompt():
+    sched = Scheduler(4, None, 512, STAGES)
+    group = _choices(sched, 3)
+    sched.schedule()
+    sched.finish(group[1])  # a fork cancelled: it leaves the group
+    assert group[0].forks == [group[2]] and group[1].fork_of is None
+    sched.finish(group[0])  # the source cancelled before its prompt was computed
+    assert group[2].fork_of is None and sched.schedule().prefills == [(group[2], STAGES)]
+    waiting = Scheduler(1, None, 512, STAGES)
+    _decoding(waiting, 1)
+    group = _choices(waiting, 2)
+    waiting.finish(group[0])  # still queued: its fork takes its place
+    assert list(waiting.waiting) == [group[1]] and group[1].fork_of is None

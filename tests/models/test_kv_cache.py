@@ -70,6 +70,27 @@ def test_a_pools_slots_are_views_of_one_allocation_and_copy_whole():
     assert pool.num_bytes == 3 * sum(t[0].numel() * 4 for t in (*pool.k.values(), *pool.v.values()))
 
 
+def test_copy_of_a_prefix_takes_full_layers_positions_and_whole_rings():
+    """`copy(src, dst, positions)`: a full layer's positions 0..positions-1 (not the rest),
+    every ring slot (a ring's positions are mixed)."""
+    from fastgemma.models.kv_cache import KVCachePool
+
+    spec = arch_spec_from_config(tiny_models.gemma4_e4b_like_config())
+    pool = KVCachePool(spec, 32, torch.float32, torch.device("cpu"), num_seqs=2)
+    for buffers in (pool.k, pool.v):
+        for t in buffers.values():
+            t[0].normal_()
+    pool.copy(0, 1, positions=5)
+    full = [i for i in pool.k if not spec.layers[i].is_sliding]
+    sliding = [i for i in pool.k if spec.layers[i].is_sliding]
+    assert full and sliding
+    for buffers in (pool.k, pool.v):
+        for i in full:
+            assert torch.equal(buffers[i][1, :, :5], buffers[i][0, :, :5]) and buffers[i][1, :, 5:].abs().sum() == 0
+        for i in sliding:
+            assert torch.equal(buffers[i][1], buffers[i][0])
+
+
 def test_a_pool_grows_its_full_layers_and_keeps_their_contents(monkeypatch):
     """`reserve` doubles the full layers' positions per slot (up to max_model_len), copies what
     they held and re-binds every slot's views; rings keep their size."""

@@ -4,6 +4,7 @@
         plan = self.scheduler.schedule()              # engine/scheduler.py: who runs, what
         for seq, stages in plan.prefills:             # some stages of a prompt chunk each (a
             self.prefill(seq, stages)                 #   chunk may pause); the last samples
+                                                      #   (and its forks copy the prompt)
         self.decode(plan.decodes)                     # one forward over every decoding row:
             # per sequence [last token, *draft] -> runner.decode_batch -> accept -> postprocess
         return the sequences that got tokens
@@ -14,6 +15,15 @@ draft first cut to what the grammar accepts). Greedy rows take the best allowed 
 lm_head screen ranks allowed ids only), sampled rows draw from the logits masked to -inf
 outside the grammar; each emitted token advances the grammar, and a complete grammar ends
 the sequence ("stop"). Logprobs stay the model's own (vLLM's raw logprobs).
+
+Choices (SamplingParams.n, vLLM's parallel sampling): `add_choices` queues n sequences of one
+prompt, choice i with `params.for_choice(i)`. The first computes the prompt; the others are
+its forks, admitted with it (n slots at once) and given no work until its last prompt chunk
+is done; then each gets a copy of its slot's K/V (`KVCachePool.copy`) and picks its first
+token from the same final hidden row. The prompt runs once, and each choice's numbers are
+the ones it gets as a request of its own: the copied K/V are the bits its own prefill would
+write (same chunks, same ops). A source that ends before its prompt is computed (cancelled)
+leaves its forks to compute their own (engine/scheduler.py).
 
 Drafters: n-gram lookup (engine/ngram.py) or the Gemma 4 MTP assistant (engine/mtp.py),
 which also reads `seq.target_hidden`: the target's hidden row behind the last emitted token.
@@ -32,6 +42,8 @@ caller's (`LLM`), which ends a sequence with `finish(seq, "stop")`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fastgemma.engine.model_runner import DecodeRows, ModelRunner, PositionLogprob
@@ -40,7 +52,7 @@ from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.sampler import sample
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.scheduler import Scheduler
-from fastgemma.engine.sequence import Sequence
+from fastgemma.engine.sequence import Sequence, Status
 from fastgemma.engine.speculative import SpecStats, accept_greedy, accept_sampled
 from fastgemma.engine.structured_output import GrammarCompiler
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
@@ -72,12 +84,38 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.runner.max_model_len
 
-    def add_request(
+    def add_choices(
         self, prompt_token_ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
+    ) -> list[Sequence]:
+        """The `params.n` choices of one prompt (module docstring), in choice order."""
+        n, slots = params.n, self.runner.pool.num_seqs
+        if n > slots:
+            raise ValueError(
+                f"n={n} choices run at once and need {n} cache slots, but max_num_seqs is {slots}; "
+                "lower n or raise --max-num-seqs"
+            )
+        first = self.add_request(prompt_token_ids, params.for_choice(0), multimodal)
+        return [first, *(self.add_request(prompt_token_ids, params.for_choice(i), multimodal, fork_of=first)
+                         for i in range(1, n))]
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        multimodal: MultimodalInputs | None = None,
+        fork_of: Sequence | None = None,
     ) -> Sequence:
-        """`multimodal`: tower inputs for the prompt's soft-token slots (used at prefill only)."""
+        """One sequence (`params.n` must be 1: `add_choices` for more). `multimodal`: tower
+        inputs for the prompt's soft-token slots (used at prefill only). `fork_of`: a waiting
+        sequence of the same prompt whose computed prompt this one copies."""
         self.validate_prompt(prompt_token_ids)
+        if params.n != 1:
+            raise ValueError(f"add_request runs one choice (n={params.n}); use add_choices")
         seq = Sequence(list(prompt_token_ids), params, multimodal=multimodal)
+        if fork_of is not None:
+            assert fork_of.status is Status.WAITING and fork_of.prompt_token_ids == seq.prompt_token_ids
+            seq.fork_of = fork_of
+            fork_of.forks.append(seq)
         if params.structured_outputs is not None:
             if self.grammars is None:
                 raise ValueError("structured outputs need the model's tokenizer, which this engine was built without")
@@ -85,7 +123,8 @@ class LLMEngine:
         if not params.greedy:
             seq.generator = torch.Generator(device=self.runner.device)
             seq.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ())))
-        self.scheduler.add(seq)
+        if fork_of is None:
+            self.scheduler.add(seq)  # a fork is admitted with its source
         return seq
 
     def validate_prompt(self, ids: list[int]) -> None:
@@ -125,15 +164,16 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Advance every scheduled sequence (module docstring); return those that got tokens."""
         plan = self.scheduler.schedule()
-        advanced = [seq for seq, stages in plan.prefills if self.prefill(seq, stages)]
+        advanced = [s for seq, stages in plan.prefills for s in self.prefill(seq, stages)]
         if plan.decodes:
             self.decode(plan.decodes)
         return advanced + plan.decodes
 
-    def prefill(self, seq: Sequence, stages: int | None = None) -> bool:
+    def prefill(self, seq: Sequence, stages: int | None = None) -> list[Sequence]:
         """Run the next `stages` stages (None: all; two a layer) of the sequence's prompt chunk
         in progress, starting the next chunk if none is; after the last chunk's last stage,
-        sample its first token (returns True then)."""
+        its forks copy its slot and each samples its first token: returns them then (the
+        sequence first), else []."""
         if seq.multimodal is not None:
             seq.soft = self.runner.media(seq.prompt_token_ids, seq.multimodal)
             seq.multimodal = None  # the towers ran; their soft tokens go in chunk by chunk
@@ -141,21 +181,32 @@ class LLMEngine:
             seq.prefill = self.runner.start_prefill(seq.prompt_token_ids, seq.num_computed_tokens, seq.slot, seq.soft)
         hidden = self.runner.advance_prefill(seq.prefill, stages)  # [1, D] once the chunk is done
         if hidden is None:
-            return False
+            return []
         seq.prefill = None
         seq.num_computed_tokens = min(seq.num_computed_tokens + self.runner.prefill_chunk, seq.num_prompt_tokens)
         if seq.num_computed_tokens < seq.num_prompt_tokens:
-            return False
+            return []
         seq.soft = None
-        seq.target_hidden = hidden[-1]
-        allowed = seq.grammar.bitmask() if seq.grammar is not None else None
-        if seq.params.greedy and seq.params.logprobs is None:  # the token only: no full logits needed
-            self.postprocess(seq, [self.runner.first_token(hidden, "greedy", allowed)], None)
-        else:
-            first = self.runner.first_token(hidden, "logits")
+        forks, seq.forks = seq.forks, []
+        for fork in forks:  # before any token: the source may end at its first
+            self.runner.pool.copy(seq.slot, fork.slot, seq.num_prompt_tokens)
+            fork.fork_of, fork.num_computed_tokens, fork.multimodal = None, fork.num_prompt_tokens, None
+        picked: dict[str, Any] = {}  # what choices share: the greedy token (no grammar), the logits
+        for s in (seq, *forks):
+            s.target_hidden = hidden[-1]
+            allowed = s.grammar.bitmask() if s.grammar is not None else None
+            if s.params.greedy and s.params.logprobs is None:  # the token only: no full logits needed
+                if allowed is not None:
+                    token = self.runner.first_token(hidden, "greedy", allowed)
+                elif (token := picked.get("greedy")) is None:
+                    token = picked["greedy"] = self.runner.first_token(hidden, "greedy")
+                self.postprocess(s, [token], None)
+                continue
+            if (first := picked.get("logits")) is None:
+                first = picked["logits"] = self.runner.first_token(hidden, "logits")
             pick = first if allowed is None else masked(first, allowed)
-            self.postprocess(seq, [sample(pick, seq.params, seq.generator)], first[None])
-        return True
+            self.postprocess(s, [sample(pick, s.params, s.generator)], first[None])
+        return [seq, *forks]
 
     def decode(self, seqs: list[Sequence]) -> None:
         """One decode-like step for every sequence: its last token and its drafts."""

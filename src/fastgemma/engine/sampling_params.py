@@ -1,11 +1,14 @@
 """Per-request generation settings, named and defaulted as vLLM's `SamplingParams`.
 
 Validated once at construction: a bad value raises `ValueError` saying what to change.
+`n` > 1 asks for several completions of one prompt (choices): the engine runs them as
+sequences sharing the prompt's computed cache (engine/llm_engine.py), each with
+`for_choice(i)`'s settings, vLLM's: n = 1 and, when seeded, seed + i.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastgemma.engine.structured_output import StructuredOutputsParams
 
@@ -14,6 +17,7 @@ SAMPLING_EPS = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 @dataclass(frozen=True)
 class SamplingParams:
+    n: int = 1  # completions (choices) of the prompt
     max_tokens: int = 16  # tokens to generate at most (vLLM's default)
     temperature: float = 1.0  # 0 (or under SAMPLING_EPS) = greedy
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
@@ -36,6 +40,7 @@ class SamplingParams:
             if not number(getattr(self, name)):
                 raise ValueError(f"{name} must be a number (got {getattr(self, name)!r})")
         checks = [  # (field, its value is fine, what it must be)
+            ("n", isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "an integer >= 1"),
             ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1, "an integer >= 1"),
             ("temperature", 0.0 <= self.temperature <= 100.0, "in [0, 100] (0 = greedy)"),
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
@@ -53,3 +58,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """Choice `index`'s own settings (vLLM's parallel sampling): n = 1, seed + index when
+        seeded, so choice i draws what a request with that seed alone would."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)

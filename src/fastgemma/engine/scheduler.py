@@ -6,9 +6,12 @@ models/kv_cache.py). One rule covers prefill, chunking and decoding: each sequen
 `num_computed_tokens`, the tokens whose K/V are in its slot, and catches up:
 
     schedule():
-        admit waiting sequences while a slot is free           (FIFO; the rest wait)
+        admit waiting sequences while a slot is free           (FIFO; the rest wait; a
+                                                                sequence with forks: when
+                                                                a slot is free for each)
         decodes  = running sequences whose prompt is computed  (one row each, + drafts)
-        prefills = running sequences still behind, in order: (sequence, stages of its
+        prefills = running sequences still behind, in order (forks wait for their source's
+                   prompt, engine/llm_engine.py, and get no work): (sequence, stages of its
                    current chunk to run) within the step's prompt tokens,
                    max_num_batched_tokens - len(decodes) (unset: `paced_budget`), a chunk
                    of n tokens costing n / num_stages a stage (one layer's attention or
@@ -84,13 +87,14 @@ class Scheduler:
         return len(self.waiting)
 
     def schedule(self) -> SchedulerOutput:
-        while self.waiting and self.free_slots:
+        while self.waiting and len(self.free_slots) > len(self.waiting[0].forks):
             seq = self.waiting.popleft()
-            seq.slot, seq.status = self.free_slots.pop(0), Status.RUNNING
-            self.running.append(seq)
+            for s in (seq, *seq.forks):  # with its forks: a slot each
+                s.slot, s.status = self.free_slots.pop(0), Status.RUNNING
+                self.running.append(s)
         out = SchedulerOutput(decodes=[s for s in self.running if s.num_computed_tokens >= s.num_prompt_tokens])
         S = self.num_stages
-        behind = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens]
+        behind = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens and s.fork_of is None]
         tokens = self.max_num_batched_tokens
         if tokens is None:
             remaining = [s.num_prompt_tokens - s.num_computed_tokens for s in [*behind, *self.waiting]]
@@ -114,14 +118,25 @@ class Scheduler:
         return out
 
     def finish(self, seq: Sequence) -> None:
-        """Drop a finished (or aborted) sequence; its slot is free for the next step."""
+        """Drop a finished (or aborted) sequence; its slot is free for the next step. Forks
+        still waiting for its prompt compute their own (the same bits, later): admitted ones
+        at once, waiting ones in its place in the queue. A fork leaves its source's forks."""
+        if seq.fork_of is not None:
+            seq.fork_of.forks.remove(seq)
+            seq.fork_of = None
+        forks, seq.forks = seq.forks, []
+        for fork in forks:
+            fork.fork_of = None
         if seq in self.running:
             self.running.remove(seq)
             assert seq.slot is not None
             self.free_slots.append(seq.slot)
             self.free_slots.sort()
         elif seq in self.waiting:
+            at = self.waiting.index(seq)
             self.waiting.remove(seq)
+            for i, fork in enumerate(forks):
+                self.waiting.insert(at + i, fork)
 
     def take_slot(self) -> int | None:
         """A free slot for work outside the sequences (prompt scoring), or None; give it back

@@ -1,4 +1,8 @@
-"""One request's state as the engine advances it: ids so far, settings, why it stopped."""
+"""One request's state as the engine advances it: ids so far, settings, why it stopped.
+
+A request with n choices is n sequences: the first computes the prompt; the others are its
+`forks`, admitted with it, that wait (`fork_of`) until its prompt is computed and then start
+from a copy of its cache slot (engine/llm_engine.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ class Status(Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: compared by identity
 class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -39,6 +43,8 @@ class Sequence:
     soft: tuple[torch.Tensor, ...] | None = None  # the towers' soft tokens while the prompt is prefilled
     target_hidden: torch.Tensor | None = None  # [D] the final hidden state that predicted the last token (MTP input)
     grammar: Grammar | None = None  # its structured output's matcher (engine/structured_output.py)
+    fork_of: Sequence | None = field(default=None, repr=False)  # whose computed prompt it will copy
+    forks: list[Sequence] = field(default_factory=list)  # unfinished sequences waiting to copy its prompt
 
     @property
     def num_prompt_tokens(self) -> int:

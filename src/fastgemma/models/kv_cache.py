@@ -361,11 +361,16 @@ class KVCachePool:
                 total += t[:, :, :1].numel() * slots * t.element_size()
         return total
 
-    def copy(self, src: int, dst: int) -> None:
-        """Slot dst's K/V := slot src's (a forked sequence: the same bits as recomputing them)."""
+    def copy(self, src: int, dst: int, positions: int | None = None) -> None:
+        """Slot dst's K/V := slot src's (a forked sequence: the same bits as recomputing them);
+        with `positions`, only what a sequence at that length reads: full layers' positions
+        0..positions-1 and the whole rings."""
         for buffers in (self.k, self.v):
-            for t in buffers.values():
-                t[dst].copy_(t[src])
+            for i, t in buffers.items():
+                if positions is None or self.spec.layers[i].is_sliding:
+                    t[dst].copy_(t[src])
+                else:
+                    t[dst, :, :positions].copy_(t[src, :, :positions])
 
 
 def decode_metadata(rows: list[tuple[KVCache, int]]) -> AttentionMetadata:
