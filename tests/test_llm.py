@@ -46,6 +46,19 @@ def test_seeded_sampling_repeats(tiny):
     assert any(tiny.generate([[1, 2]], other)[0].token_ids != a for _ in range(3))
 
 
+def test_n_choices_are_the_requests_of_their_seeds_and_stream_refuses_them(tiny):
+    """vLLM's parallel sampling: choice i of a seeded request is the request with seed + i."""
+    p = SamplingParams(n=3, max_tokens=8, temperature=1.0, seed=40, ignore_eos=True)
+    outs = tiny.generate([[1, 2], [3, 4, 5]], p)
+    assert [len(o.outputs) for o in outs] == [3, 3] and [c.index for c in outs[1].outputs] == [0, 1, 2]
+    for prompt, out in zip([[1, 2], [3, 4, 5]], outs):
+        alone = [tiny.generate([prompt], p.for_choice(i))[0].token_ids for i in range(3)]
+        assert [c.token_ids for c in out.outputs] == alone and alone[0] != alone[1]
+    assert p.for_choice(2).seed == 42 and p.for_choice(2).n == 1
+    with pytest.raises(ValueError, match="a stream yields one choice"):
+        next(tiny.stream([1, 2], p))
+
+
 def test_score_first_entry_none(tiny):
     lps = tiny.score([3, 4, 5, 6])
     assert lps[0] is None and len(lps) == 4 and all(lp <= 0 for lp in lps[1:])
@@ -62,7 +75,7 @@ def test_eos_stops_unless_ignored(tiny):
 @pytest.mark.parametrize(
     "kwargs",
     [dict(max_tokens=0), dict(temperature=-0.5), dict(temperature="hot"), dict(top_p=0.0), dict(top_p=1.5),
-     dict(top_k=-2), dict(logprobs=99)],
+     dict(top_k=-2), dict(logprobs=99), dict(n=0), dict(n=True)],
 )
 def test_invalid_sampling_params(kwargs):
     with pytest.raises(ValueError):

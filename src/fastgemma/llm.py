@@ -8,6 +8,7 @@ may be consumed interleaved (each one's loop steps the shared engine when it has
     llm = LLM()                                   # the embedded Gemma 3 270M
     out = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0.0))[0]
     out.text, out.token_ids
+    llm.generate("Hi", SamplingParams(n=4, temperature=0.8))[0].outputs  # 4 choices, one prompt computation
     llm.score(ids)                                # logprob of each token given its prefix
 
 Multimodal Gemma 4 (vLLM's prompt dicts; the towers run at prefill, models/towers.py):
@@ -183,22 +184,28 @@ class LLM:
         encoded = [self.encode_inputs(p) for p in prompts]  # validate all before running any
         for ids, _ in encoded:
             self.engine.validate_prompt(ids)
-        streams = [self.add_request(ids, params, mm) for ids, mm in encoded]
-        texts = [""] * len(streams)
+        outputs = []
+        for i, (prompt, (ids, _), choices) in enumerate(zip(prompts, encoded, self._run_all(encoded, params))):
+            prompt_text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+            outputs.append(RequestOutput(str(i), prompt_text if isinstance(prompt_text, str) else None, ids, choices))
+        return outputs
+
+    def _run_all(
+        self, encoded: list[tuple[list[int], MultimodalInputs | None]], params: SamplingParams
+    ) -> list[list[CompletionOutput]]:
+        """Every prompt's `params.n` choices, run together to the end: [prompt][choice]."""
+        groups = [self.add_choices(ids, params, mm) for ids, mm in encoded]
+        streams = [s for group in groups for s in group]
+        texts = {id(s): "" for s in streams}
         try:
             while not all(s.closed for s in streams):
                 self.engine.step()
-                for i, s in enumerate(streams):
-                    texts[i] += "".join(d.text for d in s.pull())
+                for s in streams:
+                    texts[id(s)] += "".join(d.text for d in s.pull())
         finally:
             for s in streams:
                 self.engine.finish(s.seq, "abort")  # no-op when finished
-        outputs = []
-        for i, (prompt, (ids, _), s, text) in enumerate(zip(prompts, encoded, streams, texts)):
-            prompt_text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
-            outputs.append(RequestOutput(str(i), prompt_text if isinstance(prompt_text, str) else None, ids,
-                                         [_completion(s.seq, text)]))
-        return outputs
+        return [[_completion(s.seq, texts[id(s)], j) for j, s in enumerate(group)] for group in groups]
 
     def chat(
         self,
@@ -212,8 +219,11 @@ class LLM:
         objects offered to the model (calls come back as text: `llm.tool_format.parse`)."""
         ids, mm = self.chat_inputs(messages, allow_remote_media, tools)
         self.engine.validate_prompt(ids)
+        params = sampling_params or SamplingParams()
+        if params.n > 1:
+            return RequestOutput("0", None, ids, self._run_all([(ids, mm)], params)[0])
         text, seq = "", None
-        for delta, seq in self.stream_ids(ids, sampling_params or SamplingParams(), mm):  # noqa: B007
+        for delta, seq in self.stream_ids(ids, params, mm):  # noqa: B007
             text += delta.text
         return RequestOutput("0", None, ids, [_completion(seq, text)])
 
@@ -226,9 +236,16 @@ class LLM:
     def add_request(
         self, ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
     ) -> RequestStream:
-        """Queue one token-id prompt in the engine; its text comes from the returned stream's
-        `pull()` as the engine steps."""
+        """Queue one token-id prompt in the engine (`params.n` 1); its text comes from the
+        returned stream's `pull()` as the engine steps."""
         return RequestStream(self.engine, self.tokenizer, self.engine.add_request(ids, params, multimodal))
+
+    def add_choices(
+        self, ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
+    ) -> list[RequestStream]:
+        """`add_request` for the `params.n` choices of one prompt (the prompt computed once;
+        engine/llm_engine.py): a stream per choice."""
+        return [RequestStream(self.engine, self.tokenizer, seq) for seq in self.engine.add_choices(ids, params, multimodal)]
 
     def stream_ids(
         self, ids: list[int], params: SamplingParams, multimodal: MultimodalInputs | None = None
@@ -237,6 +254,8 @@ class LLM:
         the live `Sequence` (its `output_logprobs` when `params.logprobs` is set). The engine
         steps whenever this stream has nothing new, advancing every unfinished request.
         Closing the iterator aborts it."""
+        if params.n != 1:
+            raise ValueError(f"a stream yields one choice (n={params.n}); use generate() for n > 1")
         stream = self.add_request(ids, params, multimodal)
         try:
             while not stream.closed:
@@ -297,9 +316,9 @@ class RequestStream:
         return out
 
 
-def _completion(seq: Sequence, text: str) -> CompletionOutput:
+def _completion(seq: Sequence, text: str, index: int = 0) -> CompletionOutput:
     logprobs = seq.output_logprobs if seq.params.logprobs is not None else None
-    return CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, logprobs)
+    return CompletionOutput(index, text, list(seq.output_token_ids), seq.finish_reason, logprobs)
 
 
 def _check_speculative(model, static_steps: bool) -> None:
