@@ -35,7 +35,8 @@ BAD = [
     ("top-k-negative", C, {"prompt": "x", "top_k": -7}, 400, "top_k"),
     ("logprobs-absurd", C, {"prompt": "x", "logprobs": 1000}, 400, "logprobs"),
     ("prompt-logprobs-negative", C, {"prompt": "x", "prompt_logprobs": -2}, 400, "prompt_logprobs"),
-    ("n-two", C, {"prompt": "x", "n": 2}, 400, "n"),
+    ("n-zero", C, {"prompt": "x", "n": 0}, 400, "n"),
+    ("n-over-max-num-seqs", C, {"prompt": "x", "n": 9}, 400, "n"),  # the server runs 8 sequences
     ("seed-huge", C, {"prompt": "x", "seed": 2**70}, 400, "seed"),
     ("stop-empty", C, {"prompt": "x", "stop": [""]}, 400, "stop"),
     ("stop-int", C, {"prompt": "x", "stop": 3}, 400, "stop"),

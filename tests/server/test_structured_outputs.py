@@ -192,7 +192,7 @@ BAD = [
     ({"logit_bias": {"5": 3}}, "logit_bias"),
     ({"min_tokens": 4}, "min_tokens"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
-    ({"n": 2}, "n"),
+    ({"n": 1000}, "n"),
 ]
 
 

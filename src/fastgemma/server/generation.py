@@ -1,8 +1,9 @@
 """Engine-side work of one request, run on its job thread (worker.py): generate, score, format.
 
-`run_generation` reads one prompt's text deltas from the engine loop (worker.py: the engine
-steps every running request together; stop strings and UTF-8-safe deltas are the LLM's
-`RequestStream`), checks for cancellation between tokens and records the latency metrics.
+`run_generation` reads one prompt's text deltas, of each of its `n` choices, from the engine
+loop (worker.py: the engine steps every running request together; stop strings and UTF-8-safe
+deltas are the LLM's `RequestStream`), checks for cancellation between tokens and records the
+latency metrics (per choice: each is a stream of its own).
 The formatters turn engine logprobs into the API's shapes; they decode token pieces on the
 job threads (the tokenizer's other users: pre-processing, and the engine loop's incremental
 detokenising; none of them changes the tokenizer's settings).
@@ -46,46 +47,49 @@ class GenResult:
     extra: dict[str, Any] = field(default_factory=dict)  # formatted logprobs etc.
 
 
-OnToken = Callable[[StreamDelta, dict[int, float] | None], None]
+OnToken = Callable[[int, StreamDelta, dict[int, float] | None], None]
 
 
-def run_generation(job: Job, metrics: Metrics, p: Prepared, on_token: OnToken | None = None) -> GenResult:
-    """Generate for one prompt; `on_token(delta, logprobs)` after each token when streaming."""
+def run_generation(job: Job, metrics: Metrics, p: Prepared, on_token: OnToken | None = None) -> list[GenResult]:
+    """Generate the `p.params.n` choices of one prompt (in choice order); `on_token(choice,
+    delta, logprobs)` after each token when streaming."""
     job.check()
     metrics.prompt_tokens.inc(len(p.ids))
-    result = GenResult()
+    n, want_lp = p.params.n, p.params.logprobs is not None
+    results = [GenResult() for _ in range(n)]
     if p.max_tokens == 0:
-        result.finish_reason = "length"
-        result.logprobs = [] if p.params.logprobs is not None else None
-        return result
-    parts: list[str] = []
-    want_lp = p.params.logprobs is not None
-    last = None
+        for r in results:
+            r.finish_reason = "length"
+            r.logprobs = [] if want_lp else None
+        return results
+    parts: list[list[str]] = [[] for _ in range(n)]
+    last: list[float | None] = [None] * n
+    seqs: list[Any] = [None] * n
     gen = job.worker.engine.stream(job, p.ids, p.params, p.multimodal)
-    seq = None
     try:
-        for delta, seq in gen:
-            t = time.perf_counter()
-            if last is None:
+        for i, delta, seq in gen:
+            t, r, seqs[i] = time.perf_counter(), results[i], seq
+            if last[i] is None:
                 metrics.ttft.observe(t - job.arrival)
             else:
-                metrics.itl.observe(t - last)
-            last = t
+                metrics.itl.observe(t - last[i])
+            last[i] = t
             if delta.token_id is not None:
-                result.token_ids.append(delta.token_id)
+                r.token_ids.append(delta.token_id)
             if delta.finish_reason:
-                result.finish_reason = delta.finish_reason
-            parts.append(delta.text)
+                r.finish_reason = delta.finish_reason
+            parts[i].append(delta.text)
             if on_token is not None:
-                on_token(delta, seq.output_logprobs[-1] if want_lp and seq.output_logprobs else None)
+                on_token(i, delta, seq.output_logprobs[-1] if want_lp and seq.output_logprobs else None)
             job.check()
     finally:
-        gen.close()  # cancels the sequence in the engine when we stop early
-        metrics.generation_tokens.inc(len(result.token_ids))
-    result.text = "".join(parts)
-    if want_lp and seq is not None:
-        result.logprobs = list(seq.output_logprobs)
-    return result
+        gen.close()  # cancels the sequences in the engine when we stop early
+        metrics.generation_tokens.inc(sum(len(r.token_ids) for r in results))
+    for r, text, seq in zip(results, parts, seqs):
+        r.text = "".join(text)
+        if want_lp and seq is not None:
+            r.logprobs = list(seq.output_logprobs)
+    return results
 
 
 def clamp(x: float) -> float:

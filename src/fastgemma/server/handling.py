@@ -367,12 +367,16 @@ def sampling_params(
     state: ServerState, req: Any, max_tokens: int, logprobs: int | None,
     structured: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
-    vocab = state.llm.spec.vocab_size
+    vocab, slots = state.llm.spec.vocab_size, state.llm.engine.runner.pool.num_seqs
+    if req.n > slots:
+        raise APIError(400, f"n={req.n} choices run at once and need {req.n} cache slots, but this server "
+                            f"has --max-num-seqs {slots}; lower n", "n")
     stop_ids = list(req.stop_token_ids or [])
     if any(not 0 <= t < vocab for t in stop_ids):
         raise APIError(400, f"stop_token_ids must be in [0, {vocab})", "stop_token_ids")
     try:
         return SamplingParams(
+            n=req.n,
             max_tokens=max(1, max_tokens),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,

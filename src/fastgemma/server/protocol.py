@@ -129,7 +129,7 @@ class _SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1)  # choices; at most the server's --max-num-seqs (they run at once)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = False

@@ -10,7 +10,8 @@
   thread makes every call into it. It loops: run what jobs asked for (add a request, abort
   one, score a prompt), `engine.step()` while any of its requests is unfinished (every running
   sequence advances together: continuous batching), then hand each request's new text deltas
-  to its job's queue (`LLM.RequestStream.pull`). A job reads them with `engine.stream(job, ...)`.
+  to its job's queue (`LLM.RequestStream.pull`). A job reads them with `engine.stream(job, ...)`:
+  a prompt's `params.n` choices (sequences sharing the prompt's computation), interleaved.
   With no request of its own in flight it does not touch the engine.
 
 Cancellation (a client went away): `job.cancel()` removes a waiting job from the queue at
@@ -119,7 +120,7 @@ class EngineLoop:
     def __init__(self, llm: Any, metrics: Metrics | None = None, name: str = "fastgemma-engine"):
         self.llm, self.metrics = llm, metrics
         self._tasks: deque[Callable[[], None]] = deque()  # run on the loop between steps
-        self._streams: dict[Any, queue.Queue] = {}  # RequestStream -> its job's queue (loop thread only)
+        self._streams: dict[Any, tuple[queue.Queue, int]] = {}  # RequestStream -> its job's queue, its choice (loop thread only)
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -127,47 +128,55 @@ class EngineLoop:
 
     # ---- job side ------------------------------------------------------------------------
 
-    def stream(self, job: Job | None, ids: list[int], params: Any, multimodal: Any = None) -> Iterator[tuple[Any, Any]]:
-        """Queue one prompt; yield (StreamDelta, live Sequence) per token as the engine makes
-        them. Closing the iterator or cancelling the job aborts the request."""
+    def stream(
+        self, job: Job | None, ids: list[int], params: Any, multimodal: Any = None
+    ) -> Iterator[tuple[int, Any, Any]]:
+        """Queue one prompt's `params.n` choices; yield (choice index, StreamDelta, live
+        Sequence) per token as the engine makes them, choices interleaved. Closing the
+        iterator or cancelling the job aborts every choice."""
         out: queue.Queue = queue.Queue()
         started: Future = Future()
 
         def add() -> None:
             try:
-                rs = self.llm.add_request(ids, params, multimodal)
+                streams = self.llm.add_choices(ids, params, multimodal)
             except Exception as e:  # bad input the engine refuses: the job's error
                 started.set_exception(e)
                 return
-            self._streams[rs] = out
-            started.set_result(rs)
+            for i, rs in enumerate(streams):
+                self._streams[rs] = (out, i)
+            started.set_result(streams)
 
         def abort() -> None:  # on the loop, after `add` (tasks run in order)
             if started.exception() is None:
-                self.llm.engine.finish(started.result().seq, "abort")  # no-op when finished
+                for rs in started.result():
+                    self.llm.engine.finish(rs.seq, "abort")  # no-op when finished
 
         self._post(add)
         while True:
             try:
-                rs = started.result(timeout=POLL_S)
+                streams = started.result(timeout=POLL_S)
                 break
             except TimeoutError:
                 if job is not None and job.cancelled.is_set():
                     self._post(abort)  # the request was queued meanwhile: drop it
                     job.check()
         try:
-            while True:
+            open_choices = len(streams)
+            while open_choices:
                 try:
                     item = out.get(timeout=POLL_S)
                 except queue.Empty:
                     if job is not None:
                         job.check()
                     continue
-                if item is _END:
-                    return
                 if isinstance(item, BaseException):
                     raise item
-                yield item, rs.seq
+                i, delta = item
+                if delta is _END:
+                    open_choices -= 1
+                    continue
+                yield i, delta, streams[i].seq
         finally:
             self._post(abort)
 
@@ -216,7 +225,7 @@ class EngineLoop:
                 task()
             if self._streams:
                 self._step(engine)
-        for rs, out in self._streams.items():  # shutting down: every stream ends
+        for rs, (out, _) in self._streams.items():  # shutting down: every stream ends
             engine.finish(rs.seq, "abort")
             out.put(Cancelled())
 
@@ -226,18 +235,18 @@ class EngineLoop:
             engine.step()
         except Exception as e:  # a fault of the engine: every request in it fails, the loop goes on
             log.exception("engine step failed")
-            for rs, out in list(self._streams.items()):
+            for rs, (out, _) in list(self._streams.items()):
                 engine.finish(rs.seq, "abort")
                 out.put(RuntimeError(f"engine error: {type(e).__name__}: {e}"))
             self._streams.clear()
             return
         if self.metrics is not None:
             self.metrics.count_speculation(engine.spec_stats.since(before))
-        for rs, out in list(self._streams.items()):
+        for rs, (out, i) in list(self._streams.items()):
             for delta in rs.pull():
-                out.put(delta)
+                out.put((i, delta))
             if rs.closed:
-                out.put(_END)
+                out.put((i, _END))
                 del self._streams[rs]
 
 

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions: one choice, vLLM's fields (logprobs / top_logprobs,
+"""POST /v1/chat/completions: `n` choices (one prompt computation), vLLM's fields (logprobs / top_logprobs,
 return_token_ids, stream_options, response_format / structured_outputs, tools / tool_choice).
 Messages go through the chat template with their image and audio parts (multimodal/chat.py)
 and the offered tools (fastgemma/tools/) on the pre-processing thread; generation and
@@ -65,29 +65,33 @@ async def chat_completions(state: ServerState, request: Request, body: dict[str,
     if req.stream:
         return await _stream(state, request, reply)
 
-    def work(job: Job) -> GenResult:
-        r = run_generation(job, state.metrics, p)
+    def work(job: Job) -> list[GenResult]:
+        results = run_generation(job, state.metrics, p)
         if req.logprobs:
-            r.extra["logprobs"] = state.formatter.chat_logprobs(r.token_ids, r.logprobs or [], reply.top_n)
-        return r
+            for r in results:
+                r.extra["logprobs"] = state.formatter.chat_logprobs(r.token_ids, r.logprobs or [], reply.top_n)
+        return results
 
-    r = await run_job(state, request, work)
-    if r is None:
+    results = await run_job(state, request, work)
+    if results is None:
         return Response(status_code=499)
-    content, calls, finish_reason = r.text, [], r.finish_reason
-    if reply.tools:
-        content, calls = state.llm.tool_format.parse(r.text, r.token_ids)
-        finish_reason = "tool_calls" if calls else finish_reason
-    choice = P.ChatCompletionResponseChoice(
-        index=0,
-        message=P.ChatResponseMessage(content=content, tool_calls=[_tool_call(c) for c in calls] or None),
-        logprobs=r.extra.get("logprobs"),
-        finish_reason=finish_reason,
-        token_ids=r.token_ids if req.return_token_ids else None,
-    )
+    choices = []
+    for i, r in enumerate(results):
+        content, calls, finish_reason = r.text, [], r.finish_reason
+        if reply.tools:
+            content, calls = state.llm.tool_format.parse(r.text, r.token_ids)
+            finish_reason = "tool_calls" if calls else finish_reason
+        choices.append(P.ChatCompletionResponseChoice(
+            index=i,
+            message=P.ChatResponseMessage(content=content, tool_calls=[_tool_call(c) for c in calls] or None),
+            logprobs=r.extra.get("logprobs"),
+            finish_reason=finish_reason,
+            token_ids=r.token_ids if req.return_token_ids else None,
+        ))
     return json_response(P.ChatCompletionResponse(
-        id=reply.id, created=reply.created, model=reply.model, choices=[choice],
-        usage=usage(len(p.ids), len(r.token_ids)), prompt_token_ids=p.ids if req.return_token_ids else None,
+        id=reply.id, created=reply.created, model=reply.model, choices=choices,
+        usage=usage(len(p.ids), sum(len(r.token_ids) for r in results)),
+        prompt_token_ids=p.ids if req.return_token_ids else None,
     ))
 
 
@@ -148,11 +152,11 @@ async def _stream(state: ServerState, request: Request, reply: ChatReply) -> Str
     fmt, p = state.formatter, reply.prepared
 
     def work(job: Job) -> None:
-        def on_token(delta: Any, lps: dict[int, float] | None) -> None:
+        def on_token(i: int, delta: Any, lps: dict[int, float] | None) -> None:
             lp = None
             if lps is not None and delta.token_id is not None:
                 lp = fmt.chat_logprobs([delta.token_id], [lps], reply.top_n)
-            job.emit(TokenEvent(0, delta.text, delta.token_id, delta.finish_reason, lp))
+            job.emit(TokenEvent(i, delta.text, delta.token_id, delta.finish_reason, lp))
 
         run_generation(job, state.metrics, p, on_token)
 
@@ -165,42 +169,46 @@ async def _events(state: ServerState, reply: ChatReply, job: Job) -> AsyncIterat
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
-    def chunk(delta: P.DeltaMessage, event: TokenEvent | None = None) -> str:
+    def chunk(index: int, delta: P.DeltaMessage, event: TokenEvent | None = None) -> str:
         ids = None
         if event is not None and req.return_token_ids and event.token_id is not None:
             ids = [event.token_id]
         choice = P.ChatStreamChoice(
-            index=0, delta=delta, logprobs=event and event.logprobs, finish_reason=event and event.finish_reason,
-            token_ids=ids,
+            index=index, delta=delta, logprobs=event and event.logprobs,
+            finish_reason=event and event.finish_reason, token_ids=ids,
         )
         counted = usage(n_prompt, n_gen) if continuous else None
         return sse(P.ChatCompletionStreamResponse(
             id=reply.id, created=reply.created, model=reply.model, choices=[choice], usage=counted
         ))
 
-    calls = state.llm.tool_format.stream() if reply.tools else None
-    yield chunk(P.DeltaMessage(role="assistant", content=""))
+    n = reply.prepared.params.n
+    calls = [state.llm.tool_format.stream() for _ in range(n)] if reply.tools else None  # per choice
+    for index in range(n):
+        yield chunk(index, P.DeltaMessage(role="assistant", content=""))
     while True:
         is_event, event = await job.next()
         if not is_event:
             break
         n_gen += event.token_id is not None
+        index = event.index
         if calls is not None:  # content outside the calls; each call whole when it closes
-            text, done = calls.feed(event.text, event.token_id)
+            parser = calls[index]
+            text, done = parser.feed(event.text, event.token_id)
             if event.finish_reason is not None:
-                text += calls.flush()
-            first = len(calls.calls) - len(done)
+                text += parser.flush()
+            first = len(parser.calls) - len(done)
             for i, call in enumerate(done, first):
-                yield chunk(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
+                yield chunk(index, P.DeltaMessage(tool_calls=[P.DeltaToolCall(
                     index=i, id=call.id, type="function",
                     function=P.DeltaFunctionCall(name=call.name, arguments=call.arguments),
                 )]))
-            if event.finish_reason is not None and calls.calls:
+            if event.finish_reason is not None and parser.calls:
                 event = replace(event, finish_reason="tool_calls")
             event = replace(event, text=text)
         if held_back(event, req.return_token_ids):
             continue
-        yield chunk(P.DeltaMessage(content=event.text) if event.text else P.DeltaMessage(), event)
+        yield chunk(index, P.DeltaMessage(content=event.text) if event.text else P.DeltaMessage(), event)
     if include_usage:
         yield sse(P.ChatCompletionStreamResponse(
             id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage(n_prompt, n_gen)

@@ -1,4 +1,5 @@
-"""POST /v1/completions: one choice per prompt, vLLM's fields (echo, logprobs,
+"""POST /v1/completions: `n` choices per prompt (choice j of prompt i has index i * n + j, as
+vLLM's; a prompt computed once for its choices), vLLM's fields (echo, logprobs,
 prompt_logprobs, return_token_ids, stream_options, response_format / structured_outputs).
 Prompts are tokenised and checked on the pre-processing thread; generation, prompt scoring
 and logprob formatting run on the worker."""
@@ -42,12 +43,12 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
     if req.stream:
         return await _stream(state, request, req, prepared)
 
-    def work(job: Job) -> list[GenResult]:
+    def work(job: Job) -> list[list[GenResult]]:
         results = []
         for p in prepared:
-            r = run_generation(job, state.metrics, p)
-            _finish(state, req, p, r)
-            results.append(r)
+            rs = run_generation(job, state.metrics, p)
+            _finish(state, req, p, rs)
+            results.append(rs)
         return results
 
     results = await run_job(state, request, work)
@@ -55,7 +56,7 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
         return Response(status_code=499)
     choices = [
         P.CompletionResponseChoice(
-            index=i,
+            index=i * req.n + j,
             text=p.prompt_text + r.text,
             logprobs=r.extra.get("logprobs"),
             finish_reason=r.finish_reason,
@@ -63,9 +64,9 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
             token_ids=r.token_ids if req.return_token_ids else None,
             prompt_token_ids=p.ids if req.return_token_ids else None,
         )
-        for i, (p, r) in enumerate(zip(prepared, results))
+        for i, (p, rs) in enumerate(zip(prepared, results)) for j, r in enumerate(rs)
     ]
-    total = usage(sum(len(p.ids) for p in prepared), sum(len(r.token_ids) for r in results))
+    total = usage(sum(len(p.ids) for p in prepared), sum(len(r.token_ids) for rs in results for r in rs))
     return json_response(P.CompletionResponse(
         id=P.random_id("cmpl"), created=P.now(), model=state.served_model_name, choices=choices, usage=total
     ))
@@ -90,22 +91,27 @@ def _prepare(state: ServerState, req: P.CompletionRequest) -> list[Prepared]:
     return prepared
 
 
-def _finish(state: ServerState, req: P.CompletionRequest, p: Prepared, r: GenResult) -> None:
-    """Worker side, after generation: prompt scoring and logprob formatting."""
+def _finish(state: ServerState, req: P.CompletionRequest, p: Prepared, results: list[GenResult]) -> None:
+    """Worker side, after generation: prompt scoring (once for the prompt's choices) and
+    logprob formatting."""
     fmt, entries = state.formatter, None
     k = max(req.prompt_logprobs or 0, req.logprobs or 0)
     if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
         entries = state.worker.engine.call(lambda: state.llm.prompt_logprobs(p.ids, top=k))  # between engine steps
+    prompt_logprobs = None
     if req.prompt_logprobs is not None:
-        r.extra["prompt_logprobs"] = fmt.prompt_logprobs(p.ids, _trim_top(entries, req.prompt_logprobs))
-    if req.logprobs is not None:
-        ids, lps = r.token_ids, list(r.logprobs or [])
-        if req.echo:
-            prompt_lps = [None] + [
-                {**dict(e.top[: req.logprobs]), p.ids[i + 1]: e.logprob} for i, e in enumerate(entries[1:])
-            ]
-            ids, lps = p.ids + ids, prompt_lps + lps
-        r.extra["logprobs"] = fmt.completion_logprobs(ids, lps, 0)
+        prompt_logprobs = fmt.prompt_logprobs(p.ids, _trim_top(entries, req.prompt_logprobs))
+    for r in results:
+        if prompt_logprobs is not None:
+            r.extra["prompt_logprobs"] = prompt_logprobs
+        if req.logprobs is not None:
+            ids, lps = r.token_ids, list(r.logprobs or [])
+            if req.echo:
+                prompt_lps = [None] + [
+                    {**dict(e.top[: req.logprobs]), p.ids[i + 1]: e.logprob} for i, e in enumerate(entries[1:])
+                ]
+                ids, lps = p.ids + ids, prompt_lps + lps
+            r.extra["logprobs"] = fmt.completion_logprobs(ids, lps, 0)
 
 
 def _trim_top(entries: list[Any] | None, k: int) -> list[Any]:
@@ -119,20 +125,23 @@ async def _stream(state: ServerState, request: Request, req: P.CompletionRequest
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
     def work(job: Job) -> None:
+        n = req.n
         for i, p in enumerate(prepared):
             if p.prompt_text:
-                job.emit(TokenEvent(i, p.prompt_text))
+                for j in range(n):
+                    job.emit(TokenEvent(i * n + j, p.prompt_text))
 
-            def on_token(delta: Any, lps: dict[int, float] | None, i: int = i) -> None:
+            def on_token(j: int, delta: Any, lps: dict[int, float] | None, i: int = i) -> None:
                 lp = None
                 if lps is not None and delta.token_id is not None:
                     lp = fmt.completion_logprobs([delta.token_id], [lps])
-                job.emit(TokenEvent(i, delta.text, delta.token_id, delta.finish_reason, lp))
+                job.emit(TokenEvent(i * n + j, delta.text, delta.token_id, delta.finish_reason, lp))
 
-            r = run_generation(job, state.metrics, p, on_token)
+            rs = run_generation(job, state.metrics, p, on_token)
             if p.max_tokens == 0:
-                job.emit(TokenEvent(i, "", finish_reason="length"))
-            _finish(state, req, p, r)
+                for j in range(n):
+                    job.emit(TokenEvent(i * n + j, "", finish_reason="length"))
+            _finish(state, req, p, rs)
 
     job = submit(state, work)
 
