@@ -40,11 +40,15 @@ def _alone(folder, opts, prompt, params) -> list[tuple[list[int], list]]:
 @pytest.mark.parametrize("path", list(PATHS))
 def test_each_choice_gets_the_tokens_of_its_own_request_and_the_prompt_runs_once(name, path, request, monkeypatch):
     """Groups of choices (seeded sampling, greedy with logprobs, greedy) arrive while other
-    choices decode; the small budget spreads prompt chunks over steps."""
+    choices decode; the small budget spreads prompt chunks over steps; the cache grows (its
+    buffers reallocated) while they run."""
+    from fastgemma.models import kv_cache
+
     folder, opts = request.getfixturevalue(name), PATHS[path]
     work = [(p, s) for p in PROMPTS for s in PARAMS]
     alone = [_alone(folder, opts, p, s) for p, s in work]
     assert alone[0][0] != alone[0][1]  # seeded choices differ (seed + i)
+    monkeypatch.setattr(kv_cache, "INITIAL_CAPACITY", 16)
     llm = _llm(folder, 5, max_num_batched_tokens=6, **opts)
     chunks: list[int] = []
     start = llm.runner.start_prefill
@@ -56,7 +60,7 @@ def test_each_choice_gets_the_tokens_of_its_own_request_and_the_prompt_runs_once
     got = _finish(llm.engine, [s for g in groups for s in g])
     assert got == [c for a in alone for c in a]
     assert sorted(chunks) == sorted(at for p, _ in work for at in range(0, len(p), 16))  # once per group
-    assert len(llm.engine.scheduler.free_slots) == 5
+    assert len(llm.engine.scheduler.free_slots) == 5 and llm.runner.pool.generation >= 2
 
 
 @needs_native

@@ -19,7 +19,7 @@ the sequence ("stop"). Logprobs stay the model's own (vLLM's raw logprobs).
 Choices (SamplingParams.n, vLLM's parallel sampling): `add_choices` queues n sequences of one
 prompt, choice i with `params.for_choice(i)`. The first computes the prompt; the others are
 its forks, admitted with it (n slots at once) and given no work until its last prompt chunk
-is done; then each gets a copy of its slot's K/V (`KVCachePool.copy`) and picks its first
+is done; then each gets a copy of its slot's K/V (`runner.copy_prompt`) and picks its first
 token from the same final hidden row. The prompt runs once, and each choice's numbers are
 the ones it gets as a request of its own: the copied K/V are the bits its own prefill would
 write (same chunks, same ops). A source that ends before its prompt is computed (cancelled)
@@ -189,7 +189,7 @@ class LLMEngine:
         seq.soft = None
         forks, seq.forks = seq.forks, []
         for fork in forks:  # before any token: the source may end at its first
-            self.runner.pool.copy(seq.slot, fork.slot, seq.num_prompt_tokens)
+            self.runner.copy_prompt(seq.slot, fork.slot, seq.num_prompt_tokens)
             fork.fork_of, fork.num_computed_tokens, fork.multimodal = None, fork.num_prompt_tokens, None
         picked: dict[str, Any] = {}  # what choices share: the greedy token (no grammar), the logits
         for s in (seq, *forks):

@@ -17,6 +17,8 @@ nothing of sampling, stopping or text. Every method takes the cache slot it work
   out, allowed)` picks from it: the engine spreads a chunk over steps so, with the same bits.
   `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first.
 - `prefill(ids, multimodal, slot)`: a whole prompt, chunk after chunk; last logits.
+- `copy_prompt(src, dst, num_tokens)`: a computed prompt's K/V from one slot into another
+  (n choices of one prompt, engine/llm_engine.py).
 - `decode_batch(rows)`: one decode-like forward over rows of many sequences, each
   `DecodeRows(slot, ids, position, greedy, allowed)` (the last token and any drafted ones at
   positions position..; greedy rows pick among the ids of their grammar bitmask, if any);
@@ -208,6 +210,12 @@ class ModelRunner:
         for start in range(0, len(ids), self.prefill_chunk):
             logits = self.prefill_from(ids, start, slot, soft)
         return logits
+
+    @torch.inference_mode()
+    def copy_prompt(self, src: int, dst: int, num_tokens: int) -> None:
+        """Slot dst's cache := what slot src holds for its first `num_tokens` positions (a
+        fork of a computed prompt: the bits dst's own prefill would write)."""
+        self.pool.copy(src, dst, num_tokens)
 
     @torch.inference_mode()
     def decode(self, token_id: int, position: int, slot: int = 0) -> torch.Tensor:
