@@ -114,6 +114,17 @@ class EngineConfig:
         "up; elsewhere max-num-seqs + prefill-chunk).",
         flag="--max-num-batched-tokens", low=1, plain=None,
     )
+    # engine/prefix_cache.py: a kept chunk is the bits computing it gives, so on by default
+    enable_prefix_caching: bool = option(
+        True, "Keep computed prompt chunks (whole --prefill-chunk blocks) for later prompts that begin with the same "
+        "tokens, which then skip them (same numbers as computing them).",
+        flag="--enable-prefix-caching", plain=False,
+    )
+    cache_ram: int = option(
+        512, "MiB of memory (on the model's device) for kept prompt chunks, least recently used out first "
+        "(llama.cpp's --cache-ram); 0 keeps none.",
+        flag="--cache-ram", low=0,
+    )
     kernels: str = option(
         "auto", "auto: fastgemma's CPU kernels where the CPU has AVX2 + FMA, and CUDA's fixed-shape decode step | "
         "torch: stock per-op paths only.",

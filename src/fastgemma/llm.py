@@ -31,6 +31,7 @@ from fastgemma.engine.llm_engine import LLMEngine
 from fastgemma.engine.model_runner import ModelRunner, PositionLogprob
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
+from fastgemma.engine.prefix_cache import PrefixCache
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.sequence import Sequence
 from fastgemma.engine.structured_output import GrammarCompiler
@@ -93,9 +94,12 @@ class LLM:
             )
             proposer = MtpProposer(assistant, loaded.model, self.runner.cache, c.num_speculative_tokens)
         grammars = GrammarCompiler(self.tokenizer.hf, loaded.spec.vocab_size, loaded.spec.eos_token_ids)
+        prefix_cache = None
+        if c.enable_prefix_caching and c.cache_ram > 0:
+            prefix_cache = PrefixCache(c.prefill_chunk, c.cache_ram << 20)
         self.engine = LLMEngine(
             self.runner, loaded.spec.eos_token_ids, loaded.spec.vocab_size, proposer, c.max_num_batched_tokens,
-            grammars,
+            grammars, prefix_cache,
         )
 
     @classmethod

@@ -25,6 +25,10 @@ the ones it gets as a request of its own: the copied K/V are the bits its own pr
 write (same chunks, same ops). A source that ends before its prompt is computed (cancelled)
 leaves its forks to compute their own (engine/scheduler.py).
 
+Prefix caching (engine/prefix_cache.py, when given one): a sequence's first prompt chunk
+starts after the kept chunks its prompt begins with, loaded into its slot; every whole chunk
+it computes is kept. Same bits as computing them, so the tokens do not change.
+
 Drafters: n-gram lookup (engine/ngram.py) or the Gemma 4 MTP assistant (engine/mtp.py),
 which also reads `seq.target_hidden`: the target's hidden row behind the last emitted token.
 Rows of a step: every decoding sequence gets one; the rest of `NATIVE_MAX_ROWS` (one
@@ -49,6 +53,7 @@ import torch
 from fastgemma.engine.model_runner import DecodeRows, ModelRunner, PositionLogprob
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
+from fastgemma.engine.prefix_cache import PrefixCache
 from fastgemma.engine.sampler import sample
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.scheduler import Scheduler
@@ -69,9 +74,11 @@ class LLMEngine:
         proposer: NgramProposer | MtpProposer | None = None,
         max_num_batched_tokens: int | None = None,
         grammars: GrammarCompiler | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.runner, self.eos_token_ids, self.vocab_size = runner, set(eos_token_ids), vocab_size
-        self.proposer, self.grammars = proposer, grammars
+        self.proposer, self.grammars, self.prefix_cache = proposer, grammars, prefix_cache
+        assert prefix_cache is None or prefix_cache.chunk == runner.prefill_chunk
         self.spec_stats = SpecStats()
         # Unset: paced to the decode rows on a CPU (engine/scheduler.py `paced_budget`); on a GPU
         # a chunk costs a few decode steps, so one whole chunk beside a full batch.
@@ -177,13 +184,20 @@ class LLMEngine:
         if seq.multimodal is not None:
             seq.soft = self.runner.media(seq.prompt_token_ids, seq.multimodal)
             seq.multimodal = None  # the towers ran; their soft tokens go in chunk by chunk
+        cache = self.prefix_cache if seq.soft is None else None  # not for prompts with images / audio
         if seq.prefill is None:
+            if cache is not None and seq.num_computed_tokens == 0 and (kept := cache.lookup(seq.prompt_token_ids)):
+                self.runner.load_prefix(seq.slot, kept)  # the chunks' bits, as computing them would write
+                seq.num_computed_tokens = kept[-1].end
             seq.prefill = self.runner.start_prefill(seq.prompt_token_ids, seq.num_computed_tokens, seq.slot, seq.soft)
         hidden = self.runner.advance_prefill(seq.prefill, stages)  # [1, D] once the chunk is done
         if hidden is None:
             return []
         seq.prefill = None
-        seq.num_computed_tokens = min(seq.num_computed_tokens + self.runner.prefill_chunk, seq.num_prompt_tokens)
+        start = seq.num_computed_tokens
+        seq.num_computed_tokens = end = min(start + self.runner.prefill_chunk, seq.num_prompt_tokens)
+        if cache is not None and end - start == cache.chunk:  # a whole chunk: kept for prompts that begin the same
+            cache.store(seq.prompt_token_ids, end, lambda: self.runner.save_chunk(seq.slot, start, end))
         if seq.num_computed_tokens < seq.num_prompt_tokens:
             return []
         seq.soft = None

@@ -18,7 +18,9 @@ nothing of sampling, stopping or text. Every method takes the cache slot it work
   `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first.
 - `prefill(ids, multimodal, slot)`: a whole prompt, chunk after chunk; last logits.
 - `copy_prompt(src, dst, num_tokens)`: a computed prompt's K/V from one slot into another
-  (n choices of one prompt, engine/llm_engine.py).
+  (n choices of one prompt, engine/llm_engine.py); `save_chunk(slot, start, end)` /
+  `load_prefix(slot, chunks)`: computed prompt chunks out of a slot and back into one
+  (engine/prefix_cache.py).
 - `decode_batch(rows)`: one decode-like forward over rows of many sequences, each
   `DecodeRows(slot, ids, position, greedy, allowed)` (the last token and any drafted ones at
   positions position..; greedy rows pick among the ids of their grammar bitmask, if any);
@@ -50,7 +52,7 @@ from fastgemma.engine.static_step import StaticStep
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
 from fastgemma.kernels.lm_head_screen import masked
 from fastgemma.models.gemma import GemmaForCausalLM, PartialForward
-from fastgemma.models.kv_cache import KVCache, KVCachePool, decode_metadata
+from fastgemma.models.kv_cache import KVCache, KVCachePool, SavedChunk, decode_metadata
 from fastgemma.models.towers import MultimodalInputs, MultimodalTowers
 
 Soft = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # soft_embeds [N, D], soft_mask [T], soft rows before each position [T]
@@ -210,6 +212,16 @@ class ModelRunner:
         for start in range(0, len(ids), self.prefill_chunk):
             logits = self.prefill_from(ids, start, slot, soft)
         return logits
+
+    @torch.inference_mode()
+    def save_chunk(self, slot: int, start: int, end: int) -> SavedChunk:
+        """A copy of the prompt chunk the slot just computed at positions start..end-1."""
+        return self.pool.save_chunk(slot, start, end)
+
+    @torch.inference_mode()
+    def load_prefix(self, slot: int, chunks: list[SavedChunk]) -> None:
+        """The slot's cache := a sequence's that computed these chunks from position 0."""
+        self.pool.load_prefix(slot, chunks)
 
     @torch.inference_mode()
     def copy_prompt(self, src: int, dst: int, num_tokens: int) -> None:

@@ -290,6 +290,21 @@ class KVCache:
 INITIAL_CAPACITY = 1024  # full-layer positions per slot a growable pool starts with
 
 
+@dataclass
+class SavedChunk:
+    """A computed prompt chunk's cache contents, copied out of a slot (engine/prefix_cache.py):
+    the full layers' K/V of its positions start..end-1 and every ring as it stood after it."""
+
+    start: int
+    end: int
+    full: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [Hkv, end - start, hd]
+    rings: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [Hkv, R, hd]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for kv in (*self.full.values(), *self.rings.values()) for t in kv)
+
+
 class KVCachePool:
     """`num_seqs` sequence caches in one allocation (module docstring): buffers
     `[num_seqs, Hkv, slots, hd]`; `seqs[i]` is slot i's `KVCache`. Slots are handed out and
@@ -371,6 +386,31 @@ class KVCachePool:
                     t[dst].copy_(t[src])
                 else:
                     t[dst, :, :positions].copy_(t[src, :, :positions])
+
+
+    def save_chunk(self, slot: int, start: int, end: int) -> SavedChunk:
+        """A copy of what slot `slot` holds for a prompt chunk just computed at positions
+        start..end-1 (its full-layer positions, the rings after it)."""
+        full, rings = {}, {}
+        for i in self.k:
+            if self.spec.layers[i].is_sliding:
+                rings[i] = (self.k[i][slot].clone(), self.v[i][slot].clone())
+            else:
+                full[i] = (self.k[i][slot, :, start:end].clone(), self.v[i][slot, :, start:end].clone())
+        return SavedChunk(start, end, full, rings)
+
+    def load_prefix(self, slot: int, chunks: list[SavedChunk]) -> None:
+        """Slot `slot` := the cache of a sequence that has computed these consecutive chunks
+        from position 0: each chunk's full-layer positions, the last one's rings."""
+        assert chunks and chunks[0].start == 0 and all(a.end == b.start for a, b in zip(chunks, chunks[1:]))
+        self.reserve(chunks[-1].end)
+        for chunk in chunks:
+            for i, (k, v) in chunk.full.items():
+                self.k[i][slot, :, chunk.start : chunk.end].copy_(k)
+                self.v[i][slot, :, chunk.start : chunk.end].copy_(v)
+        for i, (k, v) in chunks[-1].rings.items():
+            self.k[i][slot].copy_(k)
+            self.v[i][slot].copy_(v)
 
 
 def decode_metadata(rows: list[tuple[KVCache, int]]) -> AttentionMetadata:
