@@ -10,6 +10,8 @@ process. Names are prefixed `fastgemma:` like vLLM's `vllm:` metrics.
   the llm-d / Gateway API inference extension;
 - speculative decoding (vLLM's `spec_decode_*` names): drafts, drafted and accepted tokens,
   accepted tokens per draft position;
+- prefix caching (vLLM's names): prompt tokens looked up (`prefix_cache_queries`) and found
+  kept (`prefix_cache_hits`);
 - the process: prometheus-client's process collector (`process_resident_memory_bytes`,
   `process_cpu_seconds_total`, open file descriptors, start time).
 """
@@ -79,6 +81,13 @@ class Metrics:
             "fastgemma:spec_decode_num_accepted_tokens_per_pos", "Drafted tokens kept, by position in the draft.",
             ["model_name", "position"], registry=r,
         )
+        self.prefix_cache_queries = Counter(
+            "fastgemma:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", ["model_name"], registry=r
+        ).labels(**labels)
+        self.prefix_cache_hits = Counter(
+            "fastgemma:prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed).", ["model_name"],
+            registry=r,
+        ).labels(**labels)
         self.model_name = model_name
 
     def count_speculation(self, stats) -> None:
@@ -88,6 +97,10 @@ class Metrics:
         self.spec_accepted_tokens.inc(stats.num_accepted_tokens)
         for pos, n in enumerate(stats.accepted_per_position):
             self.spec_accepted_per_pos.labels(self.model_name, str(pos)).inc(n)
+
+    def count_prefix_cache(self, queries: int, hits: int) -> None:
+        self.prefix_cache_queries.inc(queries)
+        self.prefix_cache_hits.inc(hits)
 
     def count_request(self, endpoint: str, status: int) -> None:
         self.requests.labels(self.model_name, endpoint, str(status)).inc()

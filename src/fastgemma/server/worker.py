@@ -231,6 +231,8 @@ class EngineLoop:
 
     def _step(self, engine: Any) -> None:
         before = engine.spec_stats.snapshot()
+        cache = engine.prefix_cache
+        looked, hit = (cache.queries, cache.hits) if cache is not None else (0, 0)
         try:
             engine.step()
         except Exception as e:  # a fault of the engine: every request in it fails, the loop goes on
@@ -242,6 +244,8 @@ class EngineLoop:
             return
         if self.metrics is not None:
             self.metrics.count_speculation(engine.spec_stats.since(before))
+            if cache is not None:
+                self.metrics.count_prefix_cache(cache.queries - looked, cache.hits - hit)
         for rs, (out, i) in list(self._streams.items()):
             for delta in rs.pull():
                 out.put((i, delta))
