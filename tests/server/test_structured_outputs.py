@@ -213,3 +213,38 @@ def test_unknown_fields_are_ignored_with_one_warning(served, caplog):
     assert r.status_code == 200
     warned = [rec.getMessage() for rec in caplog.records if "ignoring" in rec.getMessage()]
     assert len(warned) == 1 and "frobnicate" in warned[0] and "metadata" not in warned[0]
+
+
+def test_each_of_n_choices_follows_the_schema_and_is_its_seeds_request(oai):
+    """n = 3 sampled choices of one constrained prompt: each has its own grammar state and is
+    the request with seed + i alone."""
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Describe a person: name, age and city."}],
+              response_format=Person, max_tokens=100, temperature=1.0)
+    r = oai.chat.completions.parse(n=3, seed=21, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for i, choice in enumerate(r.choices):
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Person)
+        assert oai.chat.completions.parse(seed=21 + i, **kw).choices[0].message.content == choice.message.content
+    assert len({c.message.content for c in r.choices}) > 1
+
+
+def test_n_choices_of_a_forced_tool_call_stream_each_their_own_calls(oai):
+    """Each choice's calls are parsed out of its own text, streamed under its index."""
+    kwargs = dict(model=MODEL, messages=ASK, tools=[TIME, WEATHER], tool_choice="required", max_tokens=120,
+                  temperature=1.0, seed=8, n=2)
+    whole = oai.chat.completions.create(**kwargs)
+    streamed: dict[int, dict[int, dict]] = {0: {}, 1: {}}
+    finish: dict[int, str] = {}
+    for chunk in oai.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            for d in choice.delta.tool_calls or []:
+                entry = streamed[choice.index].setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+    for choice in whole.choices:
+        assert choice.finish_reason == "tool_calls"
+        assert [(c["name"], c["arguments"]) for _, c in sorted(streamed[choice.index].items())] == [
+            (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
