@@ -181,3 +181,20 @@ def test_bad_requests_during_eight_streams_change_nothing(server, ref_llm, helpe
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     assert got == [o.token_ids for o in ref_llm.generate(prompts, params)]
     assert got == [ref_llm.generate(p, params)[0].token_ids for p in prompts[:2]] + got[2:]  # alone, too
+
+
+def test_the_prompts_of_one_completion_request_decode_together(server, client, helpers):
+    """A list of prompts runs as one batch (not one prompt after another): every choice streams
+    from the start, and the engine holds them all at once."""
+    body = {"prompt": ["first", "second", "third"], "n": 2, "max_tokens": LONG, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    seen: set[int] = set()
+    with httpx.Client(base_url=server.url, timeout=60) as c2:
+        with c2.stream("POST", "/v1/completions", json=body) as r:
+            for i, chunk in enumerate(_sse_lines(r)):
+                seen.update(c["index"] for c in chunk["choices"])
+                if len(seen) == 6 or i == 60:
+                    break
+            running = helpers.metric(client, "fastgemma:num_requests_running")
+    helpers.wait_idle(server, timeout=20)
+    assert seen == set(range(6)) and running == 6

@@ -1,9 +1,9 @@
 """Engine-side work of one request, run on its job thread (worker.py): generate, score, format.
 
-`run_generation` reads one prompt's text deltas, of each of its `n` choices, from the engine
-loop (worker.py: the engine steps every running request together; stop strings and UTF-8-safe
-deltas are the LLM's `RequestStream`), checks for cancellation between tokens and records the
-latency metrics (per choice: each is a stream of its own).
+`run_generation` reads the text deltas of a request's prompts, each with its `n` choices, from
+the engine loop (worker.py: the engine steps them and every other running request together;
+stop strings and UTF-8-safe deltas are the LLM's `RequestStream`), checks for cancellation
+between tokens and records the latency metrics (per choice: each is a stream of its own).
 The formatters turn engine logprobs into the API's shapes; they decode token pieces on the
 job threads (the tokenizer's other users: pre-processing, and the engine loop's incremental
 detokenising; none of them changes the tokenizer's settings).
@@ -50,45 +50,55 @@ class GenResult:
 OnToken = Callable[[int, StreamDelta, dict[int, float] | None], None]
 
 
-def run_generation(job: Job, metrics: Metrics, p: Prepared, on_token: OnToken | None = None) -> list[GenResult]:
-    """Generate the `p.params.n` choices of one prompt (in choice order); `on_token(choice,
-    delta, logprobs)` after each token when streaming."""
+def run_generation(
+    job: Job, metrics: Metrics, prompts: list[Prepared], on_token: OnToken | None = None
+) -> list[GenResult]:
+    """Generate every prompt's `n` choices (the same n for all), together: the engine batches
+    them. Results in the API's order, choice j of prompt i at i * n + j; `on_token(index,
+    delta, logprobs)` after each token when streaming. A prompt with max_tokens 0 (echo
+    only) gets its results without running."""
     job.check()
-    metrics.prompt_tokens.inc(len(p.ids))
-    n, want_lp = p.params.n, p.params.logprobs is not None
-    results = [GenResult() for _ in range(n)]
-    if p.max_tokens == 0:
-        for r in results:
+    n, want_lp = prompts[0].params.n, prompts[0].params.logprobs is not None
+    results = [GenResult() for _ in range(len(prompts) * n)]
+    live = []  # the prompts that generate: their index
+    for i, p in enumerate(prompts):
+        metrics.prompt_tokens.inc(len(p.ids))
+        if p.max_tokens > 0:
+            live.append(i)
+            continue
+        for r in results[i * n : (i + 1) * n]:
             r.finish_reason = "length"
             r.logprobs = [] if want_lp else None
+    if not live:
         return results
-    parts: list[list[str]] = [[] for _ in range(n)]
-    last: list[float | None] = [None] * n
-    seqs: list[Any] = [None] * n
-    gen = job.worker.engine.stream(job, p.ids, p.params, p.multimodal)
+    parts: list[list[str]] = [[] for _ in results]
+    last: list[float | None] = [None] * len(results)
+    seqs: list[Any] = [None] * len(results)
+    gen = job.worker.engine.stream(job, [(prompts[i].ids, prompts[i].params, prompts[i].multimodal) for i in live])
     try:
-        for i, delta, seq in gen:
-            t, r, seqs[i] = time.perf_counter(), results[i], seq
-            if last[i] is None:
+        for k, delta, seq in gen:
+            index = live[k // n] * n + k % n
+            t, r, seqs[index] = time.perf_counter(), results[index], seq
+            if last[index] is None:
                 metrics.ttft.observe(t - job.arrival)
             else:
-                metrics.itl.observe(t - last[i])
-            last[i] = t
+                metrics.itl.observe(t - last[index])
+            last[index] = t
             if delta.token_id is not None:
                 r.token_ids.append(delta.token_id)
             if delta.finish_reason:
                 r.finish_reason = delta.finish_reason
-            parts[i].append(delta.text)
+            parts[index].append(delta.text)
             if on_token is not None:
-                on_token(i, delta, seq.output_logprobs[-1] if want_lp and seq.output_logprobs else None)
+                on_token(index, delta, seq.output_logprobs[-1] if want_lp and seq.output_logprobs else None)
             job.check()
     finally:
         gen.close()  # cancels the sequences in the engine when we stop early
         metrics.generation_tokens.inc(sum(len(r.token_ids) for r in results))
     for r, text, seq in zip(results, parts, seqs):
-        r.text = "".join(text)
-        if want_lp and seq is not None:
-            r.logprobs = list(seq.output_logprobs)
+        if seq is not None:
+            r.text = "".join(text)
+            r.logprobs = list(seq.output_logprobs) if want_lp else None
     return results
 
 

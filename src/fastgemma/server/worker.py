@@ -11,7 +11,8 @@
   one, score a prompt), `engine.step()` while any of its requests is unfinished (every running
   sequence advances together: continuous batching), then hand each request's new text deltas
   to its job's queue (`LLM.RequestStream.pull`). A job reads them with `engine.stream(job, ...)`:
-  a prompt's `params.n` choices (sequences sharing the prompt's computation), interleaved.
+  its prompts' choices (each prompt's `params.n` sequences share its computation), run
+  together and interleaved.
   With no request of its own in flight it does not touch the engine.
 
 Cancellation (a client went away): `job.cancel()` removes a waiting job from the queue at
@@ -128,19 +129,22 @@ class EngineLoop:
 
     # ---- job side ------------------------------------------------------------------------
 
-    def stream(
-        self, job: Job | None, ids: list[int], params: Any, multimodal: Any = None
-    ) -> Iterator[tuple[int, Any, Any]]:
-        """Queue one prompt's `params.n` choices; yield (choice index, StreamDelta, live
-        Sequence) per token as the engine makes them, choices interleaved. Closing the
-        iterator or cancelling the job aborts every choice."""
+    def stream(self, job: Job | None, requests: list[tuple[list[int], Any, Any]]) -> Iterator[tuple[int, Any, Any]]:
+        """Queue prompts (ids, params, multimodal inputs), each with its `params.n` choices,
+        to run together; yield (choice index, StreamDelta, live Sequence) per token as the
+        engine makes them, interleaved (the index counts the choices of every prompt in
+        order). Closing the iterator or cancelling the job aborts them all."""
         out: queue.Queue = queue.Queue()
         started: Future = Future()
 
         def add() -> None:
+            streams: list[Any] = []
             try:
-                streams = self.llm.add_choices(ids, params, multimodal)
+                for ids, params, multimodal in requests:
+                    streams += self.llm.add_choices(ids, params, multimodal)
             except Exception as e:  # bad input the engine refuses: the job's error
+                for rs in streams:
+                    self.llm.engine.finish(rs.seq, "abort")
                 started.set_exception(e)
                 return
             for i, rs in enumerate(streams):

@@ -66,7 +66,7 @@ async def chat_completions(state: ServerState, request: Request, body: dict[str,
         return await _stream(state, request, reply)
 
     def work(job: Job) -> list[GenResult]:
-        results = run_generation(job, state.metrics, p)
+        results = run_generation(job, state.metrics, [p])
         if req.logprobs:
             for r in results:
                 r.extra["logprobs"] = state.formatter.chat_logprobs(r.token_ids, r.logprobs or [], reply.top_n)
@@ -158,7 +158,7 @@ async def _stream(state: ServerState, request: Request, reply: ChatReply) -> Str
                 lp = fmt.chat_logprobs([delta.token_id], [lps], reply.top_n)
             job.emit(TokenEvent(i, delta.text, delta.token_id, delta.finish_reason, lp))
 
-        run_generation(job, state.metrics, p, on_token)
+        run_generation(job, state.metrics, [p], on_token)
 
     job = submit(state, work)
     return await stream(request, job, lambda job: _events(state, reply, job))

@@ -1,6 +1,7 @@
-"""POST /v1/completions: `n` choices per prompt (choice j of prompt i has index i * n + j, as
-vLLM's; a prompt computed once for its choices), vLLM's fields (echo, logprobs,
-prompt_logprobs, return_token_ids, stream_options, response_format / structured_outputs).
+"""POST /v1/completions: every prompt of the request run together, `n` choices each (choice j
+of prompt i has index i * n + j, as vLLM's; a prompt is computed once for its choices),
+vLLM's fields (echo, logprobs, prompt_logprobs, return_token_ids, stream_options,
+response_format / structured_outputs).
 Prompts are tokenised and checked on the pre-processing thread; generation, prompt scoring
 and logprob formatting run on the worker."""
 
@@ -43,12 +44,10 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
     if req.stream:
         return await _stream(state, request, req, prepared)
 
-    def work(job: Job) -> list[list[GenResult]]:
-        results = []
-        for p in prepared:
-            rs = run_generation(job, state.metrics, p)
-            _finish(state, req, p, rs)
-            results.append(rs)
+    def work(job: Job) -> list[GenResult]:
+        results = run_generation(job, state.metrics, prepared)  # every prompt's choices together
+        for i, p in enumerate(prepared):
+            _finish(state, req, p, results[i * req.n : (i + 1) * req.n])
         return results
 
     results = await run_job(state, request, work)
@@ -56,7 +55,7 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
         return Response(status_code=499)
     choices = [
         P.CompletionResponseChoice(
-            index=i * req.n + j,
+            index=index,
             text=p.prompt_text + r.text,
             logprobs=r.extra.get("logprobs"),
             finish_reason=r.finish_reason,
@@ -64,9 +63,9 @@ async def completions(state: ServerState, request: Request, body: dict[str, Any]
             token_ids=r.token_ids if req.return_token_ids else None,
             prompt_token_ids=p.ids if req.return_token_ids else None,
         )
-        for i, (p, rs) in enumerate(zip(prepared, results)) for j, r in enumerate(rs)
+        for index, (p, r) in enumerate(zip((p for p in prepared for _ in range(req.n)), results))
     ]
-    total = usage(sum(len(p.ids) for p in prepared), sum(len(r.token_ids) for rs in results for r in rs))
+    total = usage(sum(len(p.ids) for p in prepared), sum(len(r.token_ids) for r in results))
     return json_response(P.CompletionResponse(
         id=P.random_id("cmpl"), created=P.now(), model=state.served_model_name, choices=choices, usage=total
     ))
@@ -127,21 +126,20 @@ async def _stream(state: ServerState, request: Request, req: P.CompletionRequest
     def work(job: Job) -> None:
         n = req.n
         for i, p in enumerate(prepared):
-            if p.prompt_text:
-                for j in range(n):
-                    job.emit(TokenEvent(i * n + j, p.prompt_text))
+            for j in range(n) if p.prompt_text else ():
+                job.emit(TokenEvent(i * n + j, p.prompt_text))
 
-            def on_token(j: int, delta: Any, lps: dict[int, float] | None, i: int = i) -> None:
-                lp = None
-                if lps is not None and delta.token_id is not None:
-                    lp = fmt.completion_logprobs([delta.token_id], [lps])
-                job.emit(TokenEvent(i * n + j, delta.text, delta.token_id, delta.finish_reason, lp))
+        def on_token(index: int, delta: Any, lps: dict[int, float] | None) -> None:
+            lp = None
+            if lps is not None and delta.token_id is not None:
+                lp = fmt.completion_logprobs([delta.token_id], [lps])
+            job.emit(TokenEvent(index, delta.text, delta.token_id, delta.finish_reason, lp))
 
-            rs = run_generation(job, state.metrics, p, on_token)
-            if p.max_tokens == 0:
-                for j in range(n):
-                    job.emit(TokenEvent(i * n + j, "", finish_reason="length"))
-            _finish(state, req, p, rs)
+        results = run_generation(job, state.metrics, prepared, on_token)  # every prompt's choices together
+        for i, p in enumerate(prepared):
+            for j in range(n) if p.max_tokens == 0 else ():
+                job.emit(TokenEvent(i * n + j, "", finish_reason="length"))
+            _finish(state, req, p, results[i * n : (i + 1) * n])
 
     job = submit(state, work)
 
