@@ -41,4 +41,5 @@ def test_kv_cache_line_then_serving_once_it_answers(tiny_gemma3):
         assert requests.get(f"{url}/v1/models", timeout=10).status_code == 200
         kv = next(line for line in lines if "KV cache:" in line)
         assert "KV cache: 2 sequences x up to 256 tokens, " in kv and "MiB at most" in kv
+        assert "; prefix cache: up to 512 MiB of 512-token prompt chunks" in kv
         assert lines.index(kv) < len(lines) - 1

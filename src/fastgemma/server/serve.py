@@ -173,12 +173,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def kv_cache_line(llm: Any) -> str:
-    """What the KV cache holds now and at most: "KV cache: N sequences x up to L tokens, ..."."""
+    """What the KV cache holds now and at most, and the prefix cache's bound: "KV cache: N
+    sequences x up to L tokens, ...; prefix cache: up to M MiB of C-token prompt chunks"."""
     pool = llm.runner.pool
     now = f"{pool.num_bytes / 2**20:.0f} MiB now ({pool.capacity} tokens a sequence"
     grows = ", grows with use" if pool.capacity < llm.max_model_len else ""
+    kept = llm.engine.prefix_cache
+    prefixes = "no prefix cache" if kept is None else (
+        f"prefix cache: up to {kept.capacity_bytes / 2**20:.0f} MiB of {kept.chunk}-token prompt chunks")
     return (f"KV cache: {pool.num_seqs} sequences x up to {llm.max_model_len} tokens, {now}{grows}), "
-            f"{pool.bytes_at(llm.max_model_len) / 2**20:.0f} MiB at most")
+            f"{pool.bytes_at(llm.max_model_len) / 2**20:.0f} MiB at most; {prefixes}")
 
 
 def _say_when_started(server: Any, line: str) -> None:
