@@ -9,11 +9,13 @@ style): each buffer is `[num_seqs, ...]` and `pool.seqs[i]` is the `KVCache` of 
 of row i of every buffer. A slot is a sequence's own from prefill to finish; nothing a
 neighbour does reaches it. Why static slots rather than vLLM's paged blocks: 5 of every 6
 Gemma layers are sliding rings, which are per sequence whatever the layout (a ring is
-overwritten as the sequence advances), and the full layers are the rest; a shared prompt
-prefix (n > 1, prefix caching) is then a copy of the prefix's slots into another slot
-(`KVCachePool.copy`), a bandwidth-bound copy far cheaper than the prefill it saves, giving the
-same bits as computing it. What paging would save is the full layers' unused tail per
-slot; instead a pool sizes the full layers to what is used: `capacity` positions per slot,
+overwritten as the sequence advances), and the full layers are the rest; a shared prompt is
+then a copy into another slot, a bandwidth-bound copy far cheaper than the prefill it saves,
+giving the same bits as computing it: n choices of one prompt copy the computed slot
+(`KVCachePool.copy`), prefix caching keeps computed chunks out of a slot and loads them into
+another (`save_chunk` / `load_prefix`: a chunk's full-layer positions and the rings after
+it). What paging would save is the full layers' unused tail per slot; instead a pool sizes
+the full layers to what is used: `capacity` positions per slot,
 starting at `INITIAL_CAPACITY` and doubled (up to max_model_len) when a chunk or row would
 reach past it — the buffers are reallocated with the old contents copied, between forwards
 (`KVCachePool.reserve`, called by `metadata` / `decode_metadata`); `generation` counts the
@@ -386,7 +388,6 @@ class KVCachePool:
                     t[dst].copy_(t[src])
                 else:
                     t[dst, :, :positions].copy_(t[src, :, :positions])
-
 
     def save_chunk(self, slot: int, start: int, end: int) -> SavedChunk:
         """A copy of what slot `slot` holds for a prompt chunk just computed at positions
