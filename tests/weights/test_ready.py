@@ -94,7 +94,7 @@ print(json.dumps(dict(growth=after - before, after=after, peak=peak, weights=wei
 def test_loading_leaves_about_the_tensors_bytes_resident(tmp_path):
     """A Gemma 3 of 230 MiB in bf16 (65536 x 1024 embeddings, 6 layers; stored in fp32), loaded
     in a fresh process: what loading leaves resident is at most its tensors + 0.5 GiB, and
-    the peak while loading at most 1.4x the process's final figure (before
+    the peak while loading at most 1.5x the process's final figure (before
     this, the screen's construction alone left 2.7 GB behind on the embedded model)."""
     config = tiny_models.gemma3_config(vocab_size=65536)
     config.hidden_size, config.intermediate_size, config.num_hidden_layers = 1024, 2048, 6
@@ -109,7 +109,9 @@ def test_loading_leaves_about_the_tensors_bytes_resident(tmp_path):
     held = r["weights"] + r["screen"] + r["kv"] + r["rope"]
     assert r["weights"] > 120 * 2**20, r  # large enough for the bound to mean something
     assert r["growth"] <= held + 2**29, r
-    assert r["peak"] <= 1.4 * r["after"], r  # measured 1.33x here (the embedded model: 1.07x)
+    # measured 1.33x-1.42x here, the higher in a full run (the embedded model: 1.07x); what
+    # this guards against (the screen's construction keeping its temporaries) was over 3x
+    assert r["peak"] <= 1.5 * r["after"], r
 
 
 def test_tables_a_folder_stores_as_they_run_are_mapped_from_it_not_cached(tiny_e4b, tmp_path, monkeypatch):
