@@ -223,13 +223,7 @@ class LLM:
         objects offered to the model (calls come back as text: `llm.tool_format.parse`)."""
         ids, mm = self.chat_inputs(messages, allow_remote_media, tools)
         self.engine.validate_prompt(ids)
-        params = sampling_params or SamplingParams()
-        if params.n > 1:
-            return RequestOutput("0", None, ids, self._run_all([(ids, mm)], params)[0])
-        text, seq = "", None
-        for delta, seq in self.stream_ids(ids, params, mm):  # noqa: B007
-            text += delta.text
-        return RequestOutput("0", None, ids, [_completion(seq, text)])
+        return RequestOutput("0", None, ids, self._run_all([(ids, mm)], sampling_params or SamplingParams())[0])
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield text deltas as tokens are generated; closing the iterator cancels the request."""

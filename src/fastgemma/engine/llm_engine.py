@@ -46,8 +46,6 @@ caller's (`LLM`), which ends a sequence with `finish(seq, "stop")`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from fastgemma.engine.model_runner import DecodeRows, ModelRunner, PositionLogprob
@@ -205,19 +203,19 @@ class LLMEngine:
         for fork in forks:  # before any token: the source may end at its first
             self.runner.copy_prompt(seq.slot, fork.slot, seq.num_prompt_tokens)
             fork.fork_of, fork.num_computed_tokens, fork.multimodal = None, fork.num_prompt_tokens, None
-        picked: dict[str, Any] = {}  # what choices share: the greedy token (no grammar), the logits
+        greedy, first = None, None  # what the choices share: the greedy token (no grammar), the logits
         for s in (seq, *forks):
             s.target_hidden = hidden[-1]
             allowed = s.grammar.bitmask() if s.grammar is not None else None
             if s.params.greedy and s.params.logprobs is None:  # the token only: no full logits needed
                 if allowed is not None:
                     token = self.runner.first_token(hidden, "greedy", allowed)
-                elif (token := picked.get("greedy")) is None:
-                    token = picked["greedy"] = self.runner.first_token(hidden, "greedy")
+                else:
+                    token = greedy = self.runner.first_token(hidden, "greedy") if greedy is None else greedy
                 self.postprocess(s, [token], None)
                 continue
-            if (first := picked.get("logits")) is None:
-                first = picked["logits"] = self.runner.first_token(hidden, "logits")
+            if first is None:
+                first = self.runner.first_token(hidden, "logits")
             pick = first if allowed is None else masked(first, allowed)
             self.postprocess(s, [sample(pick, s.params, s.generator)], first[None])
         return [seq, *forks]
