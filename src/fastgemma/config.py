@@ -143,9 +143,10 @@ class EngineConfig:
         flag="--threads", low=1, devices=("cpu",), plain=None, tune=Tunable(low=1, high=physical_cores, devices=("cpu",)),
     )
     # kernels/quant.py; decode through cpu_quant_gemv.c on CPU, the Triton kernel of
-    # kernels/cuda_quant.py on CUDA
+    # kernels/cuda_quant.py on CUDA; gguf: kernels/gguf.py, cpu_gguf_gemv.c
     quantization: str = option(
-        "none", "Body linear weights at load: none | int8 | int4-g32 | int4-g128.",
+        "none", "Body linear weights at load: none | int8 | int4-g32 | int4-g128 | gguf (a GGUF's own "
+        "blocks, CPU).",
         flag="--quantization", short="-q", choices=SCHEMES, numerics=True, tune=Tunable(choices=SCHEMES),
     )
     lm_head_screen: bool = option(

@@ -10,8 +10,9 @@
  *   h = h + norm_pf(Wdown (gelu(gate) * up)) with [gate|up] = Wgu norm_ff(h)
  *   PLE: h = h + norm_ple(Wproj (gelu(Wgate h) * ple)); h = h * layer_scalar
  * KV-shared layers get their source layer's cache and write nothing.
- * Each weight matrix is a `Mat`: bf16, or int8 / int4 codes with fp32 scales (kernels/quant.py);
- * the quantised GEMVs take the input widened to fp32, as the per-op path does.
+ * Each weight matrix is a `Mat`: bf16, int8 / int4 codes with fp32 scales (kernels/quant.py),
+ * or a GGUF's blocks, one part per fused matrix (kernels/gguf.py); the quantised GEMVs take the
+ * input widened to fp32, as the per-op path does.
  *
  * T rows, row t the token at position pos[t] of the sequence in cache slot seq[t] (its
  * buffers start seq[t] * seq_stride elements past slot 0's). Rows of several sequences may
@@ -36,17 +37,21 @@ void gemv_q8(const int8_t *W, const float *scale, const float *x, void *y, int64
              int out_f32);
 void gemv_q4(const uint8_t *W, const float *scales, const float *x, void *y, int64_t M, int64_t N, int64_t K,
              int64_t G, int out_f32);
+void gguf_gemv(int type, const uint8_t *W, const float *x, void *y, int64_t M, int64_t N, int64_t K, int64_t ldy,
+               int out_f32);
+int64_t gguf_row_bytes(int type, int64_t K);
 void rms_norm_bf16(const uint16_t *x, const float *scale, uint16_t *y, int64_t rows, int64_t D, float eps);
 void attend_decode_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, int64_t H,
                         int64_t Hkv, int64_t S, int64_t first, int64_t slots, int64_t hd, float scaling,
                         float *scratch);
 
-enum { MAT_BF16 = 0, MAT_Q8 = 1, MAT_Q4 = 2 };
+enum { MAT_BF16 = 0, MAT_Q8 = 1, MAT_Q4 = 2, MAT_GGUF = 3 };
 
 typedef struct {
-    const void *w;        /* bf16 [N, K], int8 [N, K] or packed 4-bit [N, K / 2] */
+    const void *w;        /* bf16 [N, K], int8 [N, K], packed 4-bit [N, K / 2], or GGUF blocks */
     const float *scales;  /* q8: [N]; q4: [N, K / group] */
     int64_t kind, group;
+    int64_t parts, part_type[4], part_rows[4]; /* gguf: the parts' ggml types and rows, in order */
 } Mat;
 
 /* y [T, N] (bf16) = x W^T for x [T, K] (bf16); xf: fp32 scratch of T K. */
@@ -57,7 +62,17 @@ static void matvec(const Mat *m, const uint16_t *x, uint16_t *y, int64_t T, int6
     }
     for (int64_t k = 0; k < T * K; k++) xf[k] = bf16_to_f32(x[k]);
     if (m->kind == MAT_Q8) gemv_q8((const int8_t *)m->w, m->scales, xf, y, T, N, K, 0);
-    else gemv_q4((const uint8_t *)m->w, m->scales, xf, y, T, N, K, m->group, 0);
+    else if (m->kind == MAT_Q4) gemv_q4((const uint8_t *)m->w, m->scales, xf, y, T, N, K, m->group, 0);
+    else { /* each part writes its columns of y */
+        const uint8_t *w = (const uint8_t *)m->w;
+        int64_t col = 0;
+        for (int64_t p = 0; p < m->parts; p++) {
+            const int type = (int)m->part_type[p];
+            gguf_gemv(type, w, xf, y + col, T, m->part_rows[p], K, N, 0);
+            w += m->part_rows[p] * gguf_row_bytes(type, K);
+            col += m->part_rows[p];
+        }
+    }
 }
 
 typedef struct {

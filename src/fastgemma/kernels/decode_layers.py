@@ -8,8 +8,8 @@ layer on the [T, D] hidden states in place. Rows may belong to different sequenc
 (continuous batching) and one sequence may have several consecutive rows (a speculative
 verification); every row is its sequence's one-token decode step, bit for bit (see the C
 file). Same maths and bf16 rounding points as the torch path of models/gemma.py with native
-kernels; a quantised `Linear` is passed as its codes and scales and multiplied by the same
-quantised GEMV.
+kernels; a quantised `Linear` is passed as its codes and scales (or its GGUF blocks, part by
+part) and multiplied by the same quantised GEMV.
 """
 
 from __future__ import annotations
@@ -20,21 +20,30 @@ import torch
 
 from fastgemma.kernels import native
 from fastgemma.kernels.activation import gelu_tanh_table
+from fastgemma.kernels.schemes import GGUF
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
 class Mat(ctypes.Structure):
-    _fields_ = [("w", _ptr), ("scales", _ptr), ("kind", _i64), ("group", _i64)]
+    _fields_ = [("w", _ptr), ("scales", _ptr), ("kind", _i64), ("group", _i64),
+                ("parts", _i64), ("part_type", _i64 * 4), ("part_rows", _i64 * 4)]
 
 
-_MAT_BF16, _MAT_Q8, _MAT_Q4 = 0, 1, 2
+_MAT_BF16, _MAT_Q8, _MAT_Q4, _MAT_GGUF = 0, 1, 2, 3
 
 
 def _mat(module) -> Mat:
     """A `Linear`'s weight as the C side's `Mat`."""
     if module.scheme is None:
         return Mat(module.weight.data_ptr(), None, _MAT_BF16, 0)
+    if module.scheme == GGUF:
+        layout = module.layout.tolist()
+        assert len(layout) <= 4, layout
+        types, rows = [t for t, _ in layout], [r for _, r in layout]
+        pad = [0] * (4 - len(layout))
+        return Mat(module.qweight.data_ptr(), None, _MAT_GGUF, 0, len(layout),
+                   (_i64 * 4)(*types, *pad), (_i64 * 4)(*rows, *pad))
     kind = _MAT_Q8 if module.scheme.bits == 8 else _MAT_Q4
     return Mat(module.qweight.data_ptr(), module.scales.data_ptr(), kind, module.scheme.group)
 

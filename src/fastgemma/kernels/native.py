@@ -22,7 +22,7 @@ from pathlib import Path
 from fastgemma.kernels.cpu import cpu_flags
 from fastgemma.paths import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_quant_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_screen.c", "cpu_decode_layer.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_quant_gemv.c", "cpu_gguf_gemv.c", "cpu_attention.c", "cpu_norm.c", "cpu_screen.c", "cpu_decode_layer.c")]
 _COMMON_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c"]
 # (name, compiler flags, /proc/cpuinfo flags it needs), best first
 BUILDS = (
@@ -79,6 +79,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64]
     lib.gemv_q8.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
     lib.gemv_q4.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+    # GGUF blocks: (type, W, x, y, M, N, K, ldy, out_f32); (type, W, out, N, K, out_f32)
+    lib.gguf_gemv.argtypes = [ctypes.c_int, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+    lib.gguf_dequantize.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ctypes.c_int]
+    lib.gguf_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.gguf_row_bytes.restype = i64
     lib.stream_read_f32.argtypes = [ptr, i64]
     lib.stream_read_f32.restype = ctypes.c_float
     attn_args = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr]  # q k v o H Hkv S first slots hd
@@ -98,9 +103,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.set_gelu_table_bf16.argtypes = [ptr]
     lib.set_gelu_table_bf16.restype = None
     for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.gemv_q8, lib.gemv_q4,
+               lib.gguf_gemv, lib.gguf_dequantize,
                lib.attend_decode_bf16, lib.attend_decode_f32, lib.rms_norm_bf16, lib.rms_norm_f32):
         fn.restype = None
-    return lib, f"native {name} GEMV (bf16, fp32, int8, int4), decode attention, RMSNorm and fused bf16 decode step ({target.name})"
+    return lib, f"native {name} GEMV (bf16, fp32, int8, int4, GGUF blocks), decode attention, RMSNorm and fused bf16 decode step ({target.name})"
 
 
 def load() -> ctypes.CDLL | None:

@@ -1,17 +1,18 @@
-"""The weight quantisation schemes by name (kernels/quant.py holds the maths): what a
-configuration names and validates, importable without torch."""
+"""The weight quantisation schemes by name (kernels/quant.py holds the maths; kernels/gguf.py
+that of `gguf`, a GGUF file's own blocks): what a configuration names and validates,
+importable without torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMES = ("none", "int8", "int4-g32", "int4-g128")
+SCHEMES = ("none", "int8", "int4-g32", "int4-g128", "gguf")
 
 
 @dataclass(frozen=True)
 class QuantScheme:
     name: str  # one of SCHEMES, not "none"
-    bits: int
+    bits: int  # 0 for gguf: each matrix keeps its file's block types (kernels/gguf.py)
     group: int  # inputs per scale; 0 = the whole row
 
     @staticmethod
@@ -23,13 +24,13 @@ class QuantScheme:
             return None
         if name == "int8":
             return QuantScheme("int8", 8, 0)
+        if name == "gguf":
+            return GGUF
         return QuantScheme(name, 4, int(name.removeprefix("int4-g")))
-
-    def bytes_per_weight(self) -> float:
-        return self.bits / 8 + (4 / self.group if self.group else 0.0)
 
 
 INT8 = QuantScheme("int8", 8, 0)
+GGUF = QuantScheme("gguf", 0, 0)  # a GGUF file's own blocks, kept as the file stores them
 
 
 def scheme_for(scheme: QuantScheme, in_features: int) -> QuantScheme:

@@ -2,9 +2,10 @@
 
 `load(config)` is the one entry point: resolve the source, read its config, build the
 `ArchSpec`, read the tensors, build the decoder (quantising it when `config.quantization`
-asks and the checkpoint is not quantised already; what that converted, and the lm_head
-screen, cached in ready form for the next load: weights/ready.py), the vision / audio towers when the
-checkpoint is a multimodal Gemma 4 (always, no flag turns them off), and the tokenizer.
+asks and the checkpoint is not quantised already, or keeping a GGUF's own blocks under
+`gguf`; what that converted, and the lm_head screen, cached in ready form for the next load:
+weights/ready.py), the vision / audio towers when the checkpoint is a multimodal Gemma 4
+(always, no flag turns them off), and the tokenizer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastgemma.config import EngineConfig
+from fastgemma.kernels.schemes import GGUF
 from fastgemma.memory import release_free_memory
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec, arch_spec_from_config
@@ -93,6 +95,11 @@ def load(config: EngineConfig) -> LoadedModel:
             f"{source.name} is already quantised as {stored.name}; drop --quantization or pass the original model"
         )
     dtype, device, kernels = config.torch_dtype(), config.torch_device(), config.kernel_choice()
+    if wanted == GGUF and (source.kind != "gguf" or device.type != "cpu"):
+        raise ValueError(
+            f"--quantization gguf keeps a GGUF file's own blocks and runs on the CPU; {source.name} "
+            f"{'is not a .gguf file' if source.kind != 'gguf' else f'runs on {device.type}'}: use none, int8 or int4-g32"
+        )
     scheme = stored or wanted
     ready = ReadyEntry(source, dtype, scheme.name if scheme else "none")
     quantize_to = None if stored is not None else wanted

@@ -162,9 +162,15 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
         read_rows: Callable[[str, int, int], torch.Tensor],
         close: Callable[[], None] = lambda: None,
         map_tensor: Callable[[str], torch.Tensor] | None = None,
+        ggml_blocks: Callable[[str], tuple[int, torch.Tensor] | None] | None = None,
     ):
         self._shapes, self._dtypes, self._read_rows, self.close = shapes, dtypes, read_rows, close
-        self._map = map_tensor
+        self._map, self._blocks = map_tensor, ggml_blocks
+
+    def ggml_blocks(self, name: str) -> tuple[int, torch.Tensor] | None:
+        """A GGUF matrix stored in quantised blocks: (its ggml type id, its bytes [rows,
+        bytes per row], a copy); None for anything else (a float tensor, another format)."""
+        return None if self._blocks is None else self._blocks(name)
 
     def mapped(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
         """The tensor as a view of its file, memory-mapped copy-on-write (pages read when
@@ -321,4 +327,13 @@ def _open_gguf(path: Path) -> CheckpointTensors:
             tensor = tensor - 1.0  # llama.cpp stores Gemma norms as 1 + w
         return tensor
 
-    return CheckpointTensors(shapes, dict.fromkeys(shapes, torch.float32), read_rows, found.clear)
+    float_types = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
+
+    def ggml_blocks(name: str) -> tuple[int, torch.Tensor] | None:
+        t = found[name]
+        if t.tensor_type in float_types or len(shapes[name]) != 2:
+            return None
+        return int(t.tensor_type), torch.from_numpy(np.array(t.data, dtype=np.uint8)).view(shapes[name][0], -1)
+
+    return CheckpointTensors(shapes, dict.fromkeys(shapes, torch.float32), read_rows, found.clear,
+                             ggml_blocks=ggml_blocks)

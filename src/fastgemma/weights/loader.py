@@ -7,6 +7,8 @@ k/v weights, which Google's Gemma 4 checkpoints carry and re-saved ones omit, ar
 either way. A tensor the decoder needs and the checkpoint lacks is an error naming it.
 A quantised checkpoint (weights/quantize.py) has `qweight` + `scales` in place of the body
 linears' `weight`: they are concatenated the same way and loaded into quantised `Linear`s.
+Under `gguf` a GGUF's body linears keep the file's blocks (`qweight` + `layout`,
+kernels/gguf.py); a matrix with a part in a type no kernel here reads stays dense.
 
 Two steps: `checkpoint_state` (checkpoint tensors -> our state dict, which the ready cache
 may keep: weights/ready.py) and `assemble` (state dict -> the built model).
@@ -18,8 +20,9 @@ from collections.abc import Mapping
 
 import torch
 
-from fastgemma.kernels import KernelChoice, quant
+from fastgemma.kernels import KernelChoice, gguf, quant
 from fastgemma.kernels.quant import QuantScheme
+from fastgemma.kernels.schemes import GGUF
 from fastgemma.models.gemma import GemmaForCausalLM
 from fastgemma.models.spec import ArchSpec
 from fastgemma.weights.checkpoint import CheckpointTensors
@@ -90,13 +93,19 @@ def checkpoint_state(
     codes = {}
     for base in bases:
         module = model.get_submodule(base)
+        second = "layout" if scheme == GGUF else "scales"
         if stored is not None:
             qweight = torch.cat([tensors[n] for n in required[base + ".qweight"]], dim=0)
             scales = torch.cat([tensors[n].float() for n in required[base + ".scales"]], dim=0)
             _check_codes(base, module, stored, qweight, scales)
+        elif scheme == GGUF:
+            if (found := _gguf_blocks(tensors, required[base + ".weight"], module.in_features)) is None:
+                continue  # stays dense
+            qweight, scales = found
+            del required[base + ".weight"]
         else:  # per-row schemes: quantising the fused matrix = quantising its parts' row slices
             qweight, scales = quantize_rows(tensors, required.pop(base + ".weight"), quantize_to)
-        codes[base + ".qweight"], codes[base + ".scales"] = qweight, scales
+        codes[base + ".qweight"], codes[f"{base}.{second}"] = qweight, scales
         module.quantize_(scheme, (qweight, scales), dtype=dtype)
     state = {key: value.to(device) for key, value in codes.items()}
     state.update(fill_state(model, {k: v for k, v in required.items() if k not in codes}, tensors, spec, dtype, device))
@@ -120,9 +129,10 @@ def assemble(
     screen's, cached)."""
     with torch.device("meta"):
         model = GemmaForCausalLM(spec, max_model_len, kernels)
+    second = ".layout" if scheme == GGUF else ".scales"
     for key in [k for k in state if k.endswith(".qweight")]:
         base = key.removesuffix(".qweight")
-        model.get_submodule(base).quantize_(scheme, (state[key], state[base + ".scales"]), dtype=dtype)
+        model.get_submodule(base).quantize_(scheme, (state[key], state[base + second]), dtype=dtype)
     model.load_state_dict(state, assign=True)
     state.clear()  # the model holds the tensors now; build_kernels re-lays the layers out
     model.requires_grad_(False)  # inference only: no autograd graph may hold intermediates of loading
@@ -192,6 +202,18 @@ def read_rows_into(tensors: Mapping[str, torch.Tensor], names: list[str], dtype:
 
 def _shape(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
     return tensors.shape(name) if isinstance(tensors, CheckpointTensors) else tuple(tensors[name].shape)
+
+
+def _gguf_blocks(
+    tensors: Mapping[str, torch.Tensor], names: list[str], K: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The named GGUF matrices' blocks concatenated (uint8) and their layout ([P, 2]: ggml
+    type, rows), or None when one is not in blocks a kernel here reads."""
+    found = [tensors.ggml_blocks(n) if isinstance(tensors, CheckpointTensors) else None for n in names]
+    if any(f is None or not gguf.fits(f[0], K) for f in found):
+        return None
+    blocks = torch.cat([b.reshape(-1) for _, b in found])
+    return blocks, torch.tensor([[t, b.shape[0]] for t, b in found], dtype=torch.int64)
 
 
 def _is_quantized(required: dict[str, list[str]], key: str) -> bool:

@@ -27,6 +27,7 @@ import torch
 
 from fastgemma.kernels import quant
 from fastgemma.kernels.quant import QuantScheme
+from fastgemma.kernels.schemes import GGUF
 
 QUANT_METHOD = "fastgemma"
 _LINEAR = re.compile(
@@ -56,8 +57,9 @@ def checkpoint_scheme(hf_config: Any) -> QuantScheme | None:
             "(`fastgemma quantize`) — pass the original model and --quantization instead"
         )
     scheme = QuantScheme.parse(qc.get("scheme", ""))
-    if scheme is None:
-        raise ValueError("quantization_config names scheme 'none'; remove it from config.json")
+    if scheme is None or scheme == GGUF:
+        raise ValueError(f"quantization_config names scheme {scheme.name if scheme else 'none'!r}, which no folder "
+                         "stores; re-create the folder with `fastgemma quantize`")
     return scheme
 
 
@@ -94,6 +96,8 @@ def write_quantized_folder(model: str | None, scheme_name: str, out: Path, dtype
     scheme = QuantScheme.parse(scheme_name)
     if scheme is None:
         raise ValueError("--scheme none writes nothing new; use `fastgemma convert` for an unquantised folder")
+    if scheme == GGUF:
+        raise ValueError("--scheme gguf is a GGUF file's own blocks: load the .gguf with --quantization gguf")
     source = resolve_model(model)
     meta = gguf_meta_folder(source.path) if source.kind == "gguf" else source.path
     config = json.loads((meta / "config.json").read_text())
