@@ -37,6 +37,15 @@ def test_mtp_only_with_a_draft_model():
     assert space.options({"speculative": "ngram"}).draft_model is None
 
 
+def test_gguf_blocks_only_for_a_gguf_model_on_the_cpu():
+    choices = lambda space: next(d for d in space.dimensions if d.name == "quantization").choices  # noqa: E731
+    assert "gguf" in choices(SearchSpace.build("cpu"))  # the embedded default is a GGUF
+    assert "gguf" in choices(SearchSpace.build("cpu", model="models/gemma-3-1b-q4_k_m.gguf"))
+    assert "gguf" not in choices(SearchSpace.build("cpu", model="google/gemma-4-E4B-it"))
+    assert "gguf" not in choices(SearchSpace.build("cuda"))
+    assert "int8" in choices(SearchSpace.build("cuda"))
+
+
 def test_conditional_options_are_asked_only_when_they_apply():
     space = SearchSpace.build("cpu")
     base = {"dtype": "bfloat16", "threads": 1, "quantization": "int8"}

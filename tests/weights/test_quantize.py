@@ -57,6 +57,17 @@ def test_quantised_folder_refuses_another_scheme(tiny_gemma3, tmp_path):
         write_quantized_folder(str(folder), "int8", tmp_path / "again")
 
 
+def test_gguf_is_not_a_folder_scheme(tiny_gemma3, tmp_path):
+    with pytest.raises(ValueError, match="load the .gguf with --quantization gguf"):
+        write_quantized_folder(None, "gguf", tmp_path / "q")
+    folder = write_quantized_folder(str(tiny_gemma3), "int8", tmp_path / "q8")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"]["scheme"] = "gguf"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="which no folder stores"):
+        LLM(str(folder), dtype="float32", device="cpu", max_model_len=64)
+
+
 def test_cli_quantize_errors_are_one_line(tiny_gemma3, tmp_path):
     result = CliRunner().invoke(app, ["quantize", str(tiny_gemma3), "--scheme", "int5", "--out", str(tmp_path / "x")])
     lines = [line for line in result.output.splitlines() if line.strip()]

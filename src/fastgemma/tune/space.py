@@ -9,7 +9,7 @@ order, skipping an option whose `when` condition is not met by the values chosen
 
 Two inputs are not choices: the model, and the draft model, which is what makes
 `speculative=mtp` possible; without one, `mtp` is left out of the space. Likewise
-`quantization=gguf` (a GGUF file's own blocks) is in it only for a GGUF model.
+`quantization=gguf` (a GGUF file's own blocks) is in it only for a GGUF model on the CPU.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class SearchSpace:
             choices = tuple(tunable.choices)
             if f.name == "speculative" and draft_model is None:
                 choices = tuple(c for c in choices if c != "mtp")
-            if f.name == "quantization" and not (model is None or model.endswith(".gguf")):
-                choices = tuple(c for c in choices if c != "gguf")  # a GGUF file's blocks: GGUF models only
+            if f.name == "quantization" and not (device_type == "cpu" and (model is None or model.endswith(".gguf"))):
+                choices = tuple(c for c in choices if c != "gguf")  # a GGUF file's blocks: GGUF models, CPU
             dims.append(Dimension(f.name, tunable, choices))
         return cls(tuple(dims), model, draft_model)
 
