@@ -3,14 +3,17 @@
  * y[m, n] = sum_k W[n, k] x[m, k] where row n of W is stored as llama.cpp stores it: K / 32
  * blocks of 32 weights (Q4_0, Q5_0, Q8_0) or K / 256 super-blocks of 256 (Q4_K, Q6_K), the
  * layouts of ggml-common.h. Each weight is decoded into fp32 registers as *exactly* the value
- * llama.cpp's and gguf-py's dequantisation give (every product of a block's fp16 scale, its
- * sub-scale and the code is exact in fp32: at most 11 + 8 + 6 significant bits; Q4_K's
- * d1 q - m1 rounds once, as theirs does: an FMA of an exact product), so the model these
- * products run is the file's, with no second rounding of the weights. x and the sums are fp32.
+ * llama.cpp's and gguf-py's dequantisation give: every product of a block's fp16 scale (11
+ * significant bits), its sub-scale (Q4_K: 6 bits; Q6_K: int8, at most 7) and the code (at most
+ * 6 bits) has at most 24 significant bits, so it is exact in fp32, and so is d (q - z) formed
+ * as an FMA d q - z d; Q4_K's d1 q - m1 rounds once, as theirs does (an FMA of an exact
+ * product). The model these products run is the file's, with no second rounding of the
+ * weights. x and the sums are fp32.
  *
  * Row-invariant: a weight row is decoded once per tile of up to MT inputs and each input's
- * sum runs in four FMA chains (alternate 32-blocks; VEC = 16 lanes, 2 vectors a block, or
- * VEC = 8, 4 vectors) summed in a fixed order, so y[m, n] has the same bits whatever M is.
+ * sum runs in 2 NV FMA chains (even and odd blocks, NV vectors a block: 4 chains of 16 lanes
+ * in the AVX-512 build, 8 of 8 in the AVX2 one) summed in a fixed order, so y[m, n] has the
+ * same bits whatever M is.
  * Rows are split across cores. y is fp32 (out_f32 = 1) or bf16 rounded to nearest even, with
  * row stride ldy (a part of a fused matrix writes its columns of a wider output).
  *
