@@ -21,42 +21,7 @@
 
 #include "bf16.h"
 #include "simd.h"
-
-#ifdef __AVX512F__
-#define VEC 16
-typedef __m512 vf;
-typedef __m512i vi;
-#define vzero _mm512_setzero_ps
-#define _add _mm512_add_ps
-#define vload _mm512_loadu_ps
-#define vfma _mm512_fmadd_ps
-#define vset1 _mm512_set1_ps
-#define vcvt _mm512_cvtepi32_ps
-#define vand_i _mm512_and_si512
-#define vsub_i _mm512_sub_epi32
-#define vsrl_i _mm512_srli_epi32
-#define vset1_i _mm512_set1_epi32
-static inline vi load_i8(const int8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-static inline vi load_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-static inline __m128 vreduce4(const vf acc[4]) { return reduce4(acc); }
-#else
-#define VEC 8
-typedef __m256 vf;
-typedef __m256i vi;
-#define vzero _mm256_setzero_ps
-#define _add _mm256_add_ps
-#define vload _mm256_loadu_ps
-#define vfma _mm256_fmadd_ps
-#define vset1 _mm256_set1_ps
-#define vcvt _mm256_cvtepi32_ps
-#define vand_i _mm256_and_si256
-#define vsub_i _mm256_sub_epi32
-#define vsrl_i _mm256_srli_epi32
-#define vset1_i _mm256_set1_epi32
-static inline vi load_i8(const int8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
-static inline vi load_u8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
-static inline __m128 vreduce4(const vf acc[4]) { return reduce4_256(acc); }
-#endif
+#include "vec.h"
 
 static inline void store_rows(void *y, int64_t n0, int rows, const float s[4], int out_f32) {
     for (int r = 0; r < rows; r++) {
@@ -100,7 +65,7 @@ static inline __attribute__((always_inline)) void dot_q8_rows(const int8_t *w, c
         for (int m = 0; m < nt; m++) a[m][0] = vfma(w0, vload(x + m * K + k), a[m][0]);
     }
     for (int m = 0; m < nt; m++) {
-        acc[m] = _add(_add(a[m][0], a[m][1]), _add(a[m][2], a[m][3]));
+        acc[m] = vadd(vadd(a[m][0], a[m][1]), vadd(a[m][2], a[m][3]));
         t[m] = 0.f;
         for (int64_t j = k; j < K; j++) t[m] += (float)w[j] * x[m * K + j];
     }

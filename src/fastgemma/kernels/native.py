@@ -63,7 +63,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if chosen is None:
         return None, "CPU lacks AVX2 + FMA (or the $FASTGEMMA_ISA build)"
     name, flags = chosen
-    inputs = [*SOURCES, *(SOURCES[0].with_name(h) for h in ("bf16.h", "simd.h"))]
+    inputs = [*SOURCES, *(SOURCES[0].with_name(h) for h in ("bf16.h", "simd.h", "vec.h"))]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs) + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"fastgemma_cpu-{name}-{digest}.so"
     try:
