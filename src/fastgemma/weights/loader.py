@@ -91,9 +91,9 @@ def checkpoint_state(
     with torch.device("meta"):
         model = GemmaForCausalLM(spec, max_model_len)  # meta: the state's names and shapes
     codes = {}
+    second = "layout" if scheme == GGUF else "scales"  # what goes with each `qweight`
     for base in bases:
         module = model.get_submodule(base)
-        second = "layout" if scheme == GGUF else "scales"
         if stored is not None:
             qweight = torch.cat([tensors[n] for n in required[base + ".qweight"]], dim=0)
             scales = torch.cat([tensors[n].float() for n in required[base + ".scales"]], dim=0)
