@@ -92,3 +92,55 @@ def test_prefix_caching_off_or_no_memory_keeps_nothing(tiny_gemma3):
     assert LLM(str(tiny_gemma3), enable_prefix_caching=False, **opts).engine.prefix_cache is None
     assert LLM(str(tiny_gemma3), cache_ram=0, **opts).engine.prefix_cache is None
     assert LLM(str(tiny_gemma3), cache_ram=3, **opts).engine.prefix_cache.capacity_bytes == 3 << 20
+
+
+def test_media_key_holds_the_media_digest_from_the_first_placeholder_on():
+    from fastgemma.engine.prefix_cache import media_key
+
+    key = media_key(5, b"digest")
+    assert [key(end) for end in (4, 5, 6, 64)] == [b"", b"", b"digest", b"digest"]
+
+
+def test_media_digest_tells_media_apart():
+    from fastgemma.models.towers import MultimodalInputs
+
+    pixels = torch.rand(1, 8, 12)
+    positions = torch.zeros(1, 8, 2, dtype=torch.long)
+    a = MultimodalInputs(pixel_values=pixels, image_position_ids=positions)
+    assert a.digest() == MultimodalInputs(pixel_values=pixels.clone(), image_position_ids=positions.clone()).digest()
+    other = pixels.clone()
+    other[0, 3, 4] += 1e-6
+    assert MultimodalInputs(pixel_values=other, image_position_ids=positions).digest() != a.digest()
+    audio = MultimodalInputs(audio_features=[pixels[0][None]], audio_masks=[torch.ones(1, 8, dtype=torch.bool)])
+    assert audio.digest() != a.digest()
+
+
+def test_image_prompts_reuse_chunks_of_the_same_image_only(tiny_multimodal, monkeypatch):
+    """A prompt with an image finds its own kept chunks (tokens and logprobs those of computing
+    everything) and, when they hold the whole image, runs no tower; the same ids with another
+    image share only the chunks before the image."""
+    from tests.media_samples import make_image
+
+    text = ("Here is a picture I took on a long walk by the sea last summer, look at it closely: <|image|> "
+            "What is it? Tell me in a few plain words what you can see in the middle of it, please.")
+    prompts = [{"prompt": text, "multi_modal_data": {"image": [make_image(seed=s)]}} for s in (1, 2)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2)
+    opts = dict(dtype="float32", max_model_len=512, prefill_chunk=16)
+    plain = LLM(str(tiny_multimodal), enable_prefix_caching=False, **opts)
+    want = [plain.generate(p, params)[0] for p in prompts]
+    assert want[0].outputs[0].logprobs != want[1].outputs[0].logprobs  # the images matter
+    cached = LLM(str(tiny_multimodal), **opts)
+    ids, _ = cached.encode_inputs(prompts[0])
+    placeholders = cached.runner.soft_positions(ids)
+    last_chunk = (len(ids) - 1) // 16 * 16
+    assert placeholders[0] >= 16 and last_chunk > placeholders[-1], (placeholders, len(ids))  # chunks before and after
+    towers, calls = cached.runner.towers, []
+    real = towers.soft_embeddings
+    monkeypatch.setattr(towers, "soft_embeddings", lambda *a: calls.append(1) or real(*a))
+    for prompt, w, kept, tower_runs in ((prompts[0], want[0], 0, 1), (prompts[0], want[0], last_chunk, 0),
+                                        (prompts[1], want[1], placeholders[0] // 16 * 16, 1)):
+        starts: list[int] = []
+        calls.clear()
+        got = _run(cached, [prompt], params, starts)[0]
+        assert (got.token_ids, got.outputs[0].logprobs) == (w.token_ids, w.outputs[0].logprobs)
+        assert (starts[0], len(calls)) == (kept, tower_runs)

@@ -27,7 +27,9 @@ leaves its forks to compute their own (engine/scheduler.py).
 
 Prefix caching (engine/prefix_cache.py, when given one): a sequence's first prompt chunk
 starts after the kept chunks its prompt begins with, loaded into its slot; every whole chunk
-it computes is kept. Same bits as computing them, so the tokens do not change.
+it computes is kept (a prompt with images / audio: keyed by its media too, and its towers
+skipped when the kept chunks hold every placeholder). Same bits as computing them, so the
+tokens do not change.
 
 Drafters: n-gram lookup (engine/ngram.py) or the Gemma 4 MTP assistant (engine/mtp.py),
 which also reads `seq.target_hidden`: the target's hidden row behind the last emitted token.
@@ -51,7 +53,7 @@ import torch
 from fastgemma.engine.model_runner import DecodeRows, ModelRunner, PositionLogprob
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
-from fastgemma.engine.prefix_cache import PrefixCache
+from fastgemma.engine.prefix_cache import PrefixCache, media_key
 from fastgemma.engine.sampler import sample
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.scheduler import Scheduler
@@ -179,14 +181,20 @@ class LLMEngine:
         in progress, starting the next chunk if none is; after the last chunk's last stage,
         its forks copy its slot and each samples its first token: returns them then (the
         sequence first), else []."""
+        cache = self.prefix_cache
+        if cache is not None and seq.prefill is None and seq.num_computed_tokens == 0:
+            placeholders = self.runner.soft_positions(seq.prompt_token_ids) if seq.multimodal is not None else []
+            if placeholders:  # keyed by the media too
+                seq.media_key = media_key(placeholders[0], seq.multimodal.digest())
+            if kept := cache.lookup(seq.prompt_token_ids, seq.media_key):
+                self.runner.load_prefix(seq.slot, kept)  # the chunks' bits, as computing them would write
+                seq.num_computed_tokens = kept[-1].end
+                if placeholders and kept[-1].end > placeholders[-1]:
+                    seq.multimodal = None  # every placeholder is in the kept chunks: no tower needs to run
         if seq.multimodal is not None:
             seq.soft = self.runner.media(seq.prompt_token_ids, seq.multimodal)
             seq.multimodal = None  # the towers ran; their soft tokens go in chunk by chunk
-        cache = self.prefix_cache if seq.soft is None else None  # not for prompts with images / audio
         if seq.prefill is None:
-            if cache is not None and seq.num_computed_tokens == 0 and (kept := cache.lookup(seq.prompt_token_ids)):
-                self.runner.load_prefix(seq.slot, kept)  # the chunks' bits, as computing them would write
-                seq.num_computed_tokens = kept[-1].end
             seq.prefill = self.runner.start_prefill(seq.prompt_token_ids, seq.num_computed_tokens, seq.slot, seq.soft)
         hidden = self.runner.advance_prefill(seq.prefill, stages)  # [1, D] once the chunk is done
         if hidden is None:
@@ -195,10 +203,10 @@ class LLMEngine:
         start = seq.num_computed_tokens
         seq.num_computed_tokens = end = min(start + self.runner.prefill_chunk, seq.num_prompt_tokens)
         if cache is not None and end - start == cache.chunk:  # a whole chunk: kept for prompts that begin the same
-            cache.store(seq.prompt_token_ids, end, lambda: self.runner.save_chunk(seq.slot, start, end))
+            cache.store(seq.prompt_token_ids, end, lambda: self.runner.save_chunk(seq.slot, start, end), seq.media_key)
         if seq.num_computed_tokens < seq.num_prompt_tokens:
             return []
-        seq.soft = None
+        seq.soft = seq.media_key = None
         forks, seq.forks = seq.forks, []
         for fork in forks:  # before any token: the source may end at its first
             self.runner.copy_prompt(seq.slot, fork.slot, seq.num_prompt_tokens)

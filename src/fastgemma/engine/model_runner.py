@@ -15,7 +15,8 @@ nothing of sampling, stopping or text. Every method takes the cache slot it work
   `advance_prefill(work, stages)` runs its next stages (a layer's attention or feed-forward;
   None: the rest) and returns the last row's hidden state once done, `first_token(hidden,
   out, allowed)` picks from it: the engine spreads a chunk over steps so, with the same bits.
-  `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first.
+  `media(ids, multimodal)`: the towers' soft tokens for a multimodal prompt, run once, first
+  (`soft_positions(ids)`: where they go).
 - `prefill(ids, multimodal, slot)`: a whole prompt, chunk after chunk; last logits.
 - `copy_prompt(src, dst, num_tokens)`: a computed prompt's K/V from one slot into another
   (n choices of one prompt, engine/llm_engine.py); `save_chunk(slot, start, end)` /
@@ -146,6 +147,11 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The chunk's whole forward: its final normed hidden states [len(keep) or T, D]."""
         return self.model.advance(self._begin(ids, start, keep, slot, soft=soft))
+
+    def soft_positions(self, ids: list[int]) -> list[int]:
+        """The positions of a prompt's media placeholders (where the towers' rows go)."""
+        assert self.towers is not None, "multimodal inputs for a model without towers"
+        return torch.nonzero(self.towers.placeholders(torch.tensor(ids))).flatten().tolist()
 
     @torch.inference_mode()
     def media(self, ids: list[int], multimodal: MultimodalInputs) -> Soft:

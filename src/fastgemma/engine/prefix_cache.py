@@ -7,23 +7,31 @@ and the same ops. So a copy of a kept chunk is, bit for bit, what computing it w
 a cache hit gives the same numbers as a miss, and a request's tokens do not depend on what
 ran before it.
 
-    lookup(ids)            the kept chunks that begin the prompt: [0, C), [C, 2C), ... as
+    lookup(ids, media)     the kept chunks that begin the prompt: [0, C), [C, 2C), ... as
                            long as they are consecutive, never reaching its last token (its
                            hidden row picks the first output token, so the chunk holding it
                            always runs); the engine loads them into the sequence's slot and
                            computes the rest
-    store(ids, end, save)  keep the whole chunk ending at `end` that a sequence has just
+    store(ids, end, save, media)
+                           keep the whole chunk ending at `end` that a sequence has just
                            computed (`save` copies it out of its slot: the full layers' K/V
                            of its positions and every sliding ring as it stood after it,
                            models/kv_cache.py `SavedChunk`)
 
 Only whole chunks are kept (a prompt's shorter last chunk runs with another shape). A chunk
 is keyed by all the token ids up to its end and the key is compared in full, so no hash
-collision can hand a prompt another's K/V. Memory is bounded by `capacity_bytes`; the least
+collision can hand a prompt another's K/V (media, below, go in as a SHA-256). Memory is bounded by `capacity_bytes`; the least
 recently used chunk goes first, and a chunk is always used more recently than the chunks
 after it (a lookup touches the last found first), so what goes is the end of a prefix, never
-a middle that would strand what follows. Prompts with images or audio are not cached (their
-placeholder ids do not say what the towers computed); the engine skips them.
+a middle that would strand what follows.
+
+Prompts with images or audio: their placeholder ids do not say what the towers computed, so
+a chunk with placeholders before its end is keyed by the ids and `media(end)`, the SHA-256 of
+all the prompt's media inputs (`MultimodalInputs.digest`; the towers' rows are a function of
+them and of the ids); a chunk before the first placeholder has the ids alone (b""), so it is
+shared with text-only prompts (`media_key`). When the kept chunks reach past the last
+placeholder, the rest of the prompt is text and the towers need not run at all (the engine
+skips them).
 
 Why chunks rather than vLLM's 16-token blocks: a finer reuse would split a chunk, and a bf16
 prefill's rounding depends on the chunk's shape; a smaller `--prefill-chunk` gives finer reuse
@@ -38,21 +46,35 @@ from collections.abc import Callable
 
 from fastgemma.models.kv_cache import SavedChunk
 
+Key = tuple[tuple[int, ...], bytes]  # the ids up to a chunk's end, its media's digest (b"": none before it)
+Media = Callable[[int], bytes]  # chunk end -> that digest (`media_key`)
+
+
+def media_key(first_placeholder: int, digest: bytes) -> Media:
+    """`media` for a prompt whose first media placeholder sits at `first_placeholder` and
+    whose media inputs have `digest`: end -> digest for chunks that hold a placeholder, else b""."""
+    return lambda end: digest if end > first_placeholder else b""
+
 
 class PrefixCache:
     def __init__(self, chunk: int, capacity_bytes: int):
         assert chunk >= 1 and capacity_bytes >= 0
         self.chunk, self.capacity_bytes = chunk, capacity_bytes
-        self.entries: OrderedDict[tuple[int, ...], SavedChunk] = OrderedDict()  # ids up to a chunk's end -> it; LRU first
+        self.entries: OrderedDict[Key, SavedChunk] = OrderedDict()  # a chunk's key -> it; LRU first
         self.nbytes = 0
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
         self.hits = 0  # of them, found kept (vLLM's prefix_cache_hits)
 
-    def lookup(self, ids: list[int]) -> list[SavedChunk]:
-        """The kept chunks that begin `ids`, in order (module docstring); [] when none."""
-        found: list[tuple[tuple[int, ...], SavedChunk]] = []
+    @staticmethod
+    def _key(ids: list[int], end: int, media: Media | None) -> Key:
+        return tuple(ids[:end]), (media(end) if media is not None else b"")
+
+    def lookup(self, ids: list[int], media: Media | None = None) -> list[SavedChunk]:
+        """The kept chunks that begin `ids` (with `media`: a prompt with images / audio), in
+        order (module docstring); [] when none."""
+        found: list[tuple[Key, SavedChunk]] = []
         for end in range(self.chunk, len(ids), self.chunk):  # chunk ends strictly before the last token
-            key = tuple(ids[:end])
+            key = self._key(ids, end, media)
             if (entry := self.entries.get(key)) is None:
                 break
             found.append((key, entry))
@@ -62,11 +84,11 @@ class PrefixCache:
         self.hits += len(found) * self.chunk
         return [entry for _, entry in found]
 
-    def store(self, ids: list[int], end: int, save: Callable[[], SavedChunk]) -> None:
+    def store(self, ids: list[int], end: int, save: Callable[[], SavedChunk], media: Media | None = None) -> None:
         """Keep the whole chunk of `ids` ending at `end` (a multiple of the chunk size), just
         computed; `save()` copies it out of the sequence's slot, called only if it is new."""
         assert end % self.chunk == 0 and end <= len(ids), (end, self.chunk, len(ids))
-        key = tuple(ids[:end])
+        key = self._key(ids, end, media)
         if key not in self.entries:
             entry = save()
             if entry.nbytes > self.capacity_bytes:
@@ -74,7 +96,7 @@ class PrefixCache:
             self.entries[key] = entry
             self.nbytes += entry.nbytes
         for e in range(end, 0, -self.chunk):  # the chunks before it: more recent than it
-            if (k := tuple(ids[:e])) in self.entries:
+            if (k := self._key(ids, e, media)) in self.entries:
                 self.entries.move_to_end(k)
         while self.nbytes > self.capacity_bytes:
             _, old = self.entries.popitem(last=False)

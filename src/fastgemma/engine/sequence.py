@@ -7,6 +7,7 @@ from a copy of its cache slot (engine/llm_engine.py)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -41,6 +42,7 @@ class Sequence:
     generator: torch.Generator | None = None
     multimodal: MultimodalInputs | None = None  # tower inputs, until prefill has merged them
     soft: tuple[torch.Tensor, ...] | None = None  # the towers' soft tokens while the prompt is prefilled
+    media_key: Callable[[int], bytes] | None = None  # its media's part of its prefix-cache keys (engine/prefix_cache.py)
     target_hidden: torch.Tensor | None = None  # [D] the final hidden state that predicted the last token (MTP input)
     grammar: Grammar | None = None  # its structured output's matcher (engine/structured_output.py)
     fork_of: Sequence | None = field(default=None, repr=False)  # whose computed prompt it will copy

@@ -26,6 +26,7 @@ Owns no preprocessing (multimodal/processor.py) and no decoder.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,19 @@ class MultimodalInputs:
     @property
     def num_audios(self) -> int:
         return len(self.audio_features or [])
+
+    def digest(self) -> bytes:
+        """SHA-256 of every tensor here (shape, dtype and bytes): equal for equal media."""
+        h = hashlib.sha256()
+        tensors = [self.pixel_values, self.image_position_ids, *(self.audio_features or []), *(self.audio_masks or [])]
+        for t in tensors:
+            if t is None:
+                h.update(b"none")
+                continue
+            t = t.detach().contiguous().cpu()
+            h.update(f"{tuple(t.shape)} {t.dtype};".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        return h.digest()
 
 
 class MultimodalTowers(nn.Module):
@@ -112,11 +126,14 @@ class MultimodalTowers(nn.Module):
         embeds = self.embed_audio(inputs_embeds=out.last_hidden_state)  # [1, F', D]
         return embeds[out.attention_mask.to(embeds.device)]  # [valid, D]
 
+    def placeholders(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> soft_mask [T] bool: the positions the towers' rows go to."""
+        return (ids == self.image_token_id) | (ids == self.audio_token_id)
+
     def soft_embeddings(self, ids: torch.Tensor, inputs: MultimodalInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [T] -> (soft_embeds [N, D] in prompt order, soft_mask [T] bool with N True)."""
         is_image = ids == self.image_token_id
-        is_audio = ids == self.audio_token_id
-        soft_mask = is_image | is_audio
+        soft_mask = self.placeholders(ids)
         kinds = is_image[soft_mask]  # [N]: True = an image row, False = an audio row
         soft = torch.empty(int(soft_mask.sum()), self.hidden_size, dtype=self.dtype, device=self.device)
         if inputs.num_images:
