@@ -38,3 +38,23 @@ def test_quantized_folder_keeps_the_towers(tiny_multimodal, mm_llm, tmp_path):
     # the towers are unquantised: only the decoder's int8 rounding separates the two
     a, b = (next(iter(o.outputs[0].logprobs[0].values())) for o in (ours, ref))
     assert abs(a - b) < 0.05
+
+
+def test_vision_attention_is_eager_in_fp32_and_sdpa_in_bf16(tiny_multimodal, mm_llm):
+    """fp32: the reference's eager maths (bit-identical); bf16: SDPA, whose rows are as close
+    to the fp32 rows as eager bf16's are."""
+    from fastgemma.models.towers import MultimodalTowers
+
+    source = resolve_model(str(tiny_multimodal))
+    config, tensors = load_config(source), open_tensors(source, tower_name)
+    fp32, bf16 = (load_towers(config, tensors, dt, torch.device("cpu")) for dt in (torch.float32, torch.bfloat16))
+    assert fp32.vision_tower.config._attn_implementation == "eager"
+    assert bf16.vision_tower.config._attn_implementation == "sdpa"
+    assert bf16.audio_tower.config._attn_implementation == "eager"
+    eager_bf16 = MultimodalTowers(config, vision_attention="eager")
+    eager_bf16.load_state_dict(bf16.state_dict(), assign=True)
+    ids, mm = mm_llm.encode_inputs({"prompt": "<|image|>", "multi_modal_data": {"image": [make_image()]}})
+    with torch.inference_mode():
+        ref, sdpa, eager = (t.eval().soft_embeddings(torch.tensor(ids), mm)[0].float() for t in (fp32, bf16, eager_bf16))
+    assert ref.shape[0] > 10
+    assert (sdpa - ref).norm() <= 1.25 * (eager - ref).norm() and not torch.equal(sdpa, eager)

@@ -4,11 +4,13 @@ transformers' own modules (`Gemma4VisionModel`, `Gemma4AudioModel`,
 `Gemma4MultimodalEmbedder`), built from the checkpoint's `vision_config` / `audio_config`
 and filled with its `vision_tower.*`, `embed_vision.*`, `audio_tower.*`, `embed_audio.*`
 tensors. They run once per request, at prefill; the decode hot path never touches them, so
-reusing the reference modules costs nothing per token and is exact by construction. Both
-run with eager attention (the audio tower's chunked attention exists in eager only; for
-the vision tower SDPA's different summation order, ~1e-6 in the soft tokens, grew to ~7e-5
-in the tiny test model's logits, while eager is bit-identical to the reference). This
-module computes what `Gemma4Model.forward` merges, in the same order:
+reusing the reference modules costs nothing per token and is exact by construction. The
+audio tower runs with eager attention (its chunked attention exists in eager only); the
+vision tower with eager in fp32 (bit-identical to the reference there, where SDPA's other
+summation order, ~1e-6 in the soft tokens, grew to ~7e-5 in the tiny test model's logits)
+and with SDPA, transformers' default, in lower precisions, where eager's fp32 softmax over
+every patch pair is most of an image's cost (a 280-token image: 7.8 s eager, 4.5 s SDPA on
+2 cores). This module computes what `Gemma4Model.forward` merges, in the same order:
 
     image: vision_tower(pixel_values [I, P, 3*p*p], position_ids [I, P, 2]) -> [n_valid, Dv]
            -> embed_vision (weightless RMSNorm + Linear) -> [n_valid, D]
@@ -69,7 +71,7 @@ class MultimodalInputs:
 
 
 class MultimodalTowers(nn.Module):
-    def __init__(self, hf_config: Any):
+    def __init__(self, hf_config: Any, vision_attention: str = "eager"):
         super().__init__()
         from transformers.initialization import no_init_weights
         from transformers.models.gemma4.modeling_gemma4 import (
@@ -89,7 +91,7 @@ class MultimodalTowers(nn.Module):
         self.vision_tower = self.embed_vision = self.audio_tower = self.embed_audio = None
         with no_init_weights():  # every parameter comes from the checkpoint
             if hf_config.vision_config is not None:
-                self.vision_tower = Gemma4VisionModel(_with_attention(hf_config.vision_config, "eager"))
+                self.vision_tower = Gemma4VisionModel(_with_attention(hf_config.vision_config, vision_attention))
                 self.embed_vision = Gemma4MultimodalEmbedder(hf_config.vision_config, text)
             if hf_config.audio_config is not None:
                 self.audio_tower = Gemma4AudioModel(_with_attention(hf_config.audio_config, "eager"))
@@ -162,10 +164,11 @@ def load_towers(
     hf_config: Any, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype, device: torch.device
 ) -> MultimodalTowers | None:
     """The towers of a multimodal checkpoint (None when its config has neither), from
-    `tensors` keyed by tower names (`vision_tower.…`, `embed_vision.…`, ...)."""
+    `tensors` keyed by tower names (`vision_tower.…`, `embed_vision.…`, ...), in `dtype`
+    (which picks the vision tower's attention: module docstring)."""
     if getattr(hf_config, "vision_config", None) is None and getattr(hf_config, "audio_config", None) is None:
         return None
-    towers = MultimodalTowers(hf_config)
+    towers = MultimodalTowers(hf_config, vision_attention="eager" if dtype == torch.float32 else "sdpa")
     expected = towers.state_dict()
     missing = sorted(set(expected) - set(tensors))
     if missing:
