@@ -20,10 +20,10 @@ ran before it.
 
 Only whole chunks are kept (a prompt's shorter last chunk runs with another shape). A chunk
 is keyed by all the token ids up to its end and the key is compared in full, so no hash
-collision can hand a prompt another's K/V (media, below, go in as a SHA-256). Memory is bounded by `capacity_bytes`; the least
-recently used chunk goes first, and a chunk is always used more recently than the chunks
-after it (a lookup touches the last found first), so what goes is the end of a prefix, never
-a middle that would strand what follows.
+collision can hand a prompt another's K/V (media, below, go in as a SHA-256). Memory is
+bounded by `capacity_bytes`; the least recently used chunk goes first, and a chunk is always
+used more recently than the chunks after it (a lookup touches the last found first), so what
+goes is the end of a prefix, never a middle that would strand what follows.
 
 Prompts with images or audio: their placeholder ids do not say what the towers computed, so
 a chunk with placeholders before its end is keyed by the ids and `media(end)`, the SHA-256 of

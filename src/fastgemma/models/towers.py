@@ -9,8 +9,9 @@ audio tower runs with eager attention (its chunked attention exists in eager onl
 vision tower with eager in fp32 (bit-identical to the reference there, where SDPA's other
 summation order, ~1e-6 in the soft tokens, grew to ~7e-5 in the tiny test model's logits)
 and with SDPA, transformers' default, in lower precisions, where eager's fp32 softmax over
-every patch pair is most of an image's cost (a 280-token image: 7.8 s eager, 4.5 s SDPA on
-2 cores). This module computes what `Gemma4Model.forward` merges, in the same order:
+every patch pair is most of an image's cost (a 280-token image on 2 cores: 8.2 s to the
+first token with eager, 4.7 s with SDPA; benchmarks/results/prefix-cache-image-cpu.txt).
+This module computes what `Gemma4Model.forward` merges, in the same order:
 
     image: vision_tower(pixel_values [I, P, 3*p*p], position_ids [I, P, 2]) -> [n_valid, Dv]
            -> embed_vision (weightless RMSNorm + Linear) -> [n_valid, D]
