@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from fastgemma import LLM, SamplingParams
 from fastgemma.engine.llm_engine import LLMEngine
@@ -177,3 +178,33 @@ def test_a_request_cancelled_while_its_chunk_is_paused_frees_its_slot_cleanly(ti
         engine.step()
     assert sc.slot == slot and not sb.output_token_ids
     assert [sa.output_token_ids, sc.output_token_ids] == [t for t, _ in alone]
+
+
+@needs_native
+def test_penalised_requests_follow_their_logits_alone_batched_and_drafted(tiny_gemma3):
+    """Penalties and a bias: each greedy token is the argmax of the processed logits of the
+    plain path (prompt, output so far); the same alone, beside others, and with n-gram drafts
+    verified row by row (the bias makes the output repeat 9 / 4, so drafts are kept, until
+    the penalties outweigh it)."""
+    from fastgemma.engine.sampler import process_logits
+
+    prompt = [5, 9, 4, 9, 4, 9, 4, 9, 4, 7]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, repetition_penalty=1.3,
+                            frequency_penalty=0.4, presence_penalty=0.3, logit_bias={9: 4.0, 4: 4.0})
+    base = dict(device="cpu", max_model_len=LEN, prefill_chunk=16, dtype="bfloat16")
+    plain = LLM(str(tiny_gemma3), **base)
+    runner, out = plain.runner, []
+    with torch.inference_mode():
+        logits = runner.prefill(prompt)
+        for _ in range(params.max_tokens):
+            out.append(int(torch.argmax(process_logits(logits[None], params, prompt, out)[0])))
+            logits = runner.decode(out[-1], len(prompt) + len(out) - 1)
+    unpenalised = plain.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
+    assert list(unpenalised.outputs[0].token_ids) != out  # the penalties matter here
+    other = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    assert list(plain.generate([prompt], params)[0].outputs[0].token_ids) == out
+    batched = _run(plain.engine, [(0, [3, 1, 4, 1, 5], other), (0, prompt, params), (3, prompt, params)])
+    assert [tokens for tokens, _ in batched[1:]] == [out, out]  # joined together and three steps later
+    spec = LLM(str(tiny_gemma3), **base, speculative="ngram", num_speculative_tokens=5, prompt_lookup_min=1)
+    assert list(spec.generate([prompt], params)[0].outputs[0].token_ids) == out
+    assert spec.engine.spec_stats.num_accepted_tokens > 0  # drafts were kept: later rows counted them

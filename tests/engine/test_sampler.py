@@ -57,3 +57,46 @@ def test_bad_params_name_the_one_bad_value(field, value, words):
     with pytest.raises(ValueError, match=words) as e:
         SamplingParams(**{field: value})
     assert "SamplingParams(" not in str(e.value)
+
+
+def _reference_processing(logits: list[float], prompt: list[int], output: list[int], rep: float, freq: float,
+                          pres: float, bias: dict[int, float]) -> list[float]:
+    """vLLM's formulas, token by token: bias, repetition penalty, frequency and presence."""
+    out = []
+    for t, x in enumerate(logits):
+        x += bias.get(t, 0.0)
+        if t in prompt or t in output:
+            x = x / rep if x > 0 else x * rep
+        n = output.count(t)
+        out.append(x - freq * n - pres * (n > 0))
+    return out
+
+
+def test_penalties_and_bias_follow_vllms_formulas_row_by_row():
+    from fastgemma.engine.sampler import process_logits
+
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0]] * 3)
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25,
+                            logit_bias={4: 1.5, 5: -3.0})
+    assert params.processes_logits and not SamplingParams(min_p=0.5).processes_logits
+    prompt, output, draft = [0], [3, 3, 1], [2, 3]
+    got = process_logits(logits, params, prompt, output, draft)
+    for i in range(3):  # row i follows the output and the first i draft tokens
+        want = _reference_processing(logits[i].tolist(), prompt, output + draft[:i], 2.0, 0.5, 0.25, {4: 1.5, 5: -3.0})
+        assert torch.allclose(got[i], torch.tensor(want)), (i, got[i], want)
+    assert not torch.equal(got[0], got[1]) and not torch.equal(got[1], got[2])
+
+
+def test_min_p_drops_tokens_below_its_share_of_the_top_probability():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = filtered_probs(logits, SamplingParams(temperature=1.0, min_p=0.25))  # keeps p >= 0.125
+    assert (probs > 0).tolist() == [True, True, True, False]
+    assert torch.allclose(probs[:3], torch.tensor([0.5, 0.3, 0.15]) / 0.95)
+
+
+@pytest.mark.parametrize("field,value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0),
+                                         ("repetition_penalty", 0.0), ("min_p", 1.5), ("logit_bias", {1: 200.0}),
+                                         ("logit_bias", {-1: 1.0}), ("logit_bias", {"1": 1.0})])
+def test_bad_penalties_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})

@@ -160,3 +160,18 @@ def test_stream_chunks_are_whole_characters(oai, ref_llm):
     text = "".join(pieces)
     assert text == ref_llm.generate("Emoji:", greedy(40, ignore_eos=True))[0].text
     assert any(ord(ch) > 0x7FF for ch in text), "the test needs multi-byte output to mean anything"
+
+
+def test_penalties_bias_and_min_p_are_the_apis(oai, ref_llm):
+    """OpenAI's presence / frequency penalties and logit_bias, vLLM's repetition_penalty and
+    min_p: the tokens the Python API gives with the same settings."""
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=10, presence_penalty=0.5, frequency_penalty=0.3,
+              logit_bias={"9": 1.5}, seed=3)
+    extra = {"repetition_penalty": 1.2, "min_p": 0.05, "ignore_eos": True, "return_token_ids": True}
+    for temperature in (0.0, 0.8):
+        out = oai.completions.create(**kw, temperature=temperature, extra_body=extra).choices[0]
+        params = SamplingParams(max_tokens=10, temperature=temperature, seed=3, presence_penalty=0.5,
+                                frequency_penalty=0.3, repetition_penalty=1.2, min_p=0.05, logit_bias={9: 1.5},
+                                ignore_eos=True)
+        ref = ref_llm.generate("Once upon a time", params)[0]
+        assert (out.text, out.token_ids) == (ref.text, ref.token_ids), temperature

@@ -189,7 +189,7 @@ BAD = [
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
-    ({"logit_bias": {"5": 3}}, "logit_bias"),
+    ({"logit_bias": {"five": 3}}, "logit_bias"),
     ({"min_tokens": 4}, "min_tokens"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"n": 1000}, "n"),

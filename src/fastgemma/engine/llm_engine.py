@@ -54,7 +54,7 @@ from fastgemma.engine.model_runner import DecodeRows, ModelRunner, PositionLogpr
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.prefix_cache import PrefixCache, media_key
-from fastgemma.engine.sampler import sample
+from fastgemma.engine.sampler import process_logits, sample
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.scheduler import Scheduler
 from fastgemma.engine.sequence import Sequence, Status
@@ -116,6 +116,8 @@ class LLMEngine:
         inputs for the prompt's soft-token slots (used at prefill only). `fork_of`: a waiting
         sequence of the same prompt whose computed prompt this one copies."""
         self.validate_prompt(prompt_token_ids)
+        if params.logit_bias and (bad := [t for t in params.logit_bias if t >= self.vocab_size]):
+            raise ValueError(f"logit_bias names token id {bad[0]}, outside the vocabulary [0, {self.vocab_size})")
         if params.n != 1:
             raise ValueError(f"add_request runs one choice (n={params.n}); use add_choices")
         seq = Sequence(list(prompt_token_ids), params, multimodal=multimodal)
@@ -215,7 +217,7 @@ class LLMEngine:
         for s in (seq, *forks):
             s.target_hidden = hidden[-1]
             allowed = s.grammar.bitmask() if s.grammar is not None else None
-            if s.params.greedy and s.params.logprobs is None:  # the token only: no full logits needed
+            if s.params.greedy and s.params.logprobs is None and not s.params.processes_logits:  # the token only
                 if allowed is not None:
                     token = self.runner.first_token(hidden, "greedy", allowed)
                 else:
@@ -224,7 +226,8 @@ class LLMEngine:
                 continue
             if first is None:
                 first = self.runner.first_token(hidden, "logits")
-            pick = first if allowed is None else masked(first, allowed)
+            pick = process_logits(first[None], s.params, s.prompt_token_ids, [])[0] if s.params.processes_logits else first
+            pick = pick if allowed is None else masked(pick, allowed)
             self.postprocess(s, [sample(pick, s.params, s.generator)], first[None])
         return [seq, *forks]
 
@@ -239,7 +242,8 @@ class LLMEngine:
             masks.append(mask)
         batch = [
             DecodeRows(seq.slot, [seq.last_token_id, *draft], seq.num_tokens - 1,
-                       greedy=seq.params.greedy and seq.params.logprobs is None, allowed=mask)
+                       greedy=seq.params.greedy and seq.params.logprobs is None and not seq.params.processes_logits,
+                       allowed=mask)
             for seq, draft, mask in zip(seqs, drafts, masks)
         ]
         for seq, draft, rows, out in zip(seqs, drafts, batch, self.runner.decode_batch(batch)):
@@ -247,7 +251,10 @@ class LLMEngine:
             if rows.greedy:
                 tokens = accept_greedy(draft, out.tokens)
             else:
-                pick = logits if rows.allowed is None else masked(logits, rows.allowed)
+                pick = logits
+                if seq.params.processes_logits:  # row i follows the output and draft[:i]
+                    pick = process_logits(logits, seq.params, seq.prompt_token_ids, seq.output_token_ids, draft)
+                pick = pick if rows.allowed is None else masked(pick, rows.allowed)
                 if seq.params.greedy:  # greedy with logprobs
                     tokens = accept_greedy(draft, torch.argmax(pick, dim=-1).tolist())
                 else:

@@ -1,8 +1,13 @@
 """Pick the next token from one position's logits.
 
-Greedy is `argmax` (ties go to the lowest id, as torch.argmax does). Otherwise:
-logits / temperature -> keep top_k -> keep the smallest set whose mass reaches top_p ->
-softmax -> one draw from the request's own `torch.Generator` (seeded when a seed is given).
+First the logits are processed (`process_logits`, only for requests that ask: vLLM's order
+and formulas): + logit_bias; the repetition penalty r on every token of the prompt or the
+output so far (a logit > 0 divided by r, else multiplied by it); then minus
+frequency_penalty x its count in the output and presence_penalty where that count is > 0.
+Greedy is then `argmax` (ties go to the lowest id, as torch.argmax does). Otherwise:
+logits / temperature -> drop tokens below min_p x the top probability -> keep top_k ->
+keep the smallest set whose mass reaches top_p -> softmax -> one draw from the request's
+own `torch.Generator` (seeded when a seed is given).
 """
 
 from __future__ import annotations
@@ -12,9 +17,39 @@ import torch
 from fastgemma.engine.sampling_params import SamplingParams
 
 
+def process_logits(
+    logits: torch.Tensor,  # [R, V] the rows of a step: row i follows output_ids + draft[:i]
+    params: SamplingParams,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    draft: list[int] = (),
+) -> torch.Tensor:
+    """The logits the pick reads [R, V] fp32: bias, then penalties (module docstring)."""
+    R, V = logits.shape
+    x = logits.float().clone()
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), device=x.device)
+        x[:, ids] += torch.tensor(list(params.logit_bias.values()), dtype=x.dtype, device=x.device)
+    tokens = torch.tensor([*output_ids, *draft], dtype=torch.long, device=x.device)
+    seen_in_prompt = torch.zeros(V, dtype=torch.bool, device=x.device)
+    if params.repetition_penalty != 1.0:
+        seen_in_prompt[torch.tensor(prompt_ids, dtype=torch.long, device=x.device)] = True
+    for i in range(R):
+        counts = torch.bincount(tokens[: len(output_ids) + i], minlength=V).to(x.dtype)  # [V]
+        row = x[i]
+        if params.repetition_penalty != 1.0:
+            r = torch.where(seen_in_prompt | (counts > 0), params.repetition_penalty, 1.0)
+            row.copy_(torch.where(row > 0, row / r, row * r))
+        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(x.dtype)
+    return x
+
+
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits: [V] -> the sampling distribution [V] (fp32) after temperature, top-k, top-p."""
+    """logits: [V] -> the sampling distribution [V] (fp32) after temperature, min-p, top-k, top-p."""
     x = logits.float() / params.temperature
+    if params.min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
     if params.top_k > 0 and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))

@@ -4,6 +4,12 @@ Validated once at construction: a bad value raises `ValueError` saying what to c
 `n` > 1 asks for several completions of one prompt (choices): the engine runs them as
 sequences sharing the prompt's computed cache (engine/llm_engine.py), each with
 `for_choice(i)`'s settings, vLLM's: n = 1 and, when seeded, seed + i.
+
+Logits processing, vLLM's fields and meanings (engine/sampler.py `process_logits`): the
+penalties over the tokens generated so far (presence, frequency) and over the prompt's and
+the generated tokens (repetition), `logit_bias`; `min_p` filters the sampling distribution
+(greedy is unaffected). A request with penalties or a bias needs its full logits each step
+(`processes_logits`), so it does not take the greedy lm_head screen.
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ class SamplingParams:
     temperature: float = 1.0  # 0 (or under SAMPLING_EPS) = greedy
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 or -1 = all
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one, in [0, 1]
+    presence_penalty: float = 0.0  # subtracted from the logit of every token generated so far, in [-2, 2]
+    frequency_penalty: float = 0.0  # subtracted once per time a token was generated, in [-2, 2]
+    repetition_penalty: float = 1.0  # a prompt or generated token's logit / it (> 0) or x it (<= 0), in [0.01, 100]
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     seed: int | None = None  # per-request RNG seed: same seed, same samples
     stop: list[str] = field(default_factory=list)  # stop strings, excluded from the text
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end generation
@@ -36,7 +47,7 @@ class SamplingParams:
         def number(v: object) -> bool:
             return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not number(getattr(self, name)):
                 raise ValueError(f"{name} must be a number (got {getattr(self, name)!r})")
         checks = [  # (field, its value is fine, what it must be)
@@ -45,6 +56,13 @@ class SamplingParams:
             ("temperature", 0.0 <= self.temperature <= 100.0, "in [0, 100] (0 = greedy)"),
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
             ("top_k", isinstance(self.top_k, int) and self.top_k >= -1, "-1, 0 (disabled) or a positive integer"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "in [0, 1]"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
+            ("repetition_penalty", 0.01 <= self.repetition_penalty <= 100.0, "in [0.01, 100] (1 = none)"),
+            ("logit_bias", self.logit_bias is None or (isinstance(self.logit_bias, dict) and all(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 0 and number(v) and -100.0 <= v <= 100.0
+                for k, v in self.logit_bias.items())), "a dict of token ids to biases in [-100, 100]"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "between 0 and 20"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
             ("seed", self.seed is None or isinstance(self.seed, int), "an integer"),
@@ -58,6 +76,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def processes_logits(self) -> bool:
+        """Penalties or a bias change the logits before the pick (module docstring)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+                or bool(self.logit_bias))
 
     def for_choice(self, index: int) -> SamplingParams:
         """Choice `index`'s own settings (vLLM's parallel sampling): n = 1, seed + index when

@@ -375,8 +375,19 @@ def sampling_params(
     if any(not 0 <= t < vocab for t in stop_ids):
         raise APIError(400, f"stop_token_ids must be in [0, {vocab})", "stop_token_ids")
     try:
+        bias = req.logit_bias_ids()
+    except ValueError as e:
+        raise APIError(400, str(e), "logit_bias") from None
+    if bias and any(t >= vocab for t in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
+    try:
         return SamplingParams(
             n=req.n,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=bias,
             max_tokens=max(1, max_tokens),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,

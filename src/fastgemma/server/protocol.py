@@ -34,8 +34,6 @@ class _Strict(BaseModel):
 # Fields of OpenAI's / vLLM's request schemas that fastgemma does not honour, with the values
 # that change nothing (accepted); any other value is a 400 naming the field.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logit_bias": (None, {}),
-    "min_p": (None, 0, 0.0),
     "min_tokens": (None, 0),
     "bad_words": (None, []),
     "allowed_token_ids": (None,),
@@ -124,6 +122,7 @@ class _SamplingFields(_Request):
     temperature: float | None = Field(default=None, ge=0.0, le=100.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -134,10 +133,10 @@ class _SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = False
     user: str | None = None
-    # Accepted at their neutral values only: the engine has no penalties.
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    repetition_penalty: float | None = 1.0
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=100.0)  # tinier ones overflow fp32
+    logit_bias: dict[str, float] | None = None  # token id (as JSON keys are strings) -> bias in [-100, 100]
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 
@@ -165,13 +164,16 @@ class _SamplingFields(_Request):
             raise ValueError("at most 16 stop strings")
         return v
 
-    @model_validator(mode="after")
-    def _neutral_penalties(self) -> Any:
-        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-            value = getattr(self, name)
-            if value is not None and value != neutral:
-                raise ValueError(f"{name} is not supported (only {neutral} is accepted)")
-        return self
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """`logit_bias` with integer token ids; ValueError naming a key that is not one."""
+        if not self.logit_bias:
+            return None
+        out = {}
+        for key, bias in self.logit_bias.items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (got {key!r})")
+            out[int(key)] = bias
+        return out
 
     @property
     def stop_list(self) -> list[str]:
