@@ -52,6 +52,14 @@ def test_invalid_sampling_value(tiny_gemma3):
     _assert_usage_error(_run("generate", "--model", str(tiny_gemma3), "--temperature", "-1", "hi"), "temperature")
 
 
+@pytest.mark.parametrize("flag,value,field", [("--repetition-penalty", "0", "repetition_penalty"),
+                                              ("--presence-penalty", "3", "presence_penalty"),
+                                              ("--frequency-penalty", "-2.5", "frequency_penalty"),
+                                              ("--min-p", "2", "min_p")])
+def test_invalid_penalty_or_min_p(tiny_gemma3, flag, value, field):
+    _assert_usage_error(_run("generate", "--model", str(tiny_gemma3), flag, value, "hi"), field)
+
+
 def test_text_prompt_without_tokenizer(tiny_gemma3):
     _assert_usage_error(_run("generate", "--model", str(tiny_gemma3), "hi"), "token ids")
 

@@ -39,6 +39,11 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k"),
+    min_p: float = typer.Option(0.0, "--min-p"),
+    repetition_penalty: float = typer.Option(1.0, "--repetition-penalty",
+                                             help="> 1 discourages repeating the prompt's and output's tokens."),
+    presence_penalty: float = typer.Option(0.0, "--presence-penalty"),
+    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     chat: bool = typer.Option(False, "--chat", help="Format the prompt as one user turn."),
     options: dict[str, Any] | None = None,
@@ -47,7 +52,9 @@ def generate(
     from fastgemma.engine.sampling_params import SamplingParams
 
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                                frequency_penalty=frequency_penalty, seed=seed)
         config = EngineConfig(model=model, **(options or {}))  # usage errors end here, before torch loads
         from fastgemma import LLM
 
