@@ -12,6 +12,8 @@ own `torch.Generator` (seeded when a seed is given).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from fastgemma.engine.sampling_params import SamplingParams
@@ -22,7 +24,7 @@ def process_logits(
     params: SamplingParams,
     prompt_ids: list[int],
     output_ids: list[int],
-    draft: list[int] = (),
+    draft: Sequence[int] = (),
 ) -> torch.Tensor:
     """The logits the pick reads [R, V] fp32: bias, then penalties (module docstring)."""
     R, V = logits.shape
