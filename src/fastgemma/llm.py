@@ -281,7 +281,8 @@ class LLM:
 class RequestStream:
     """One request's text as the engine advances its sequence: `pull()` turns the tokens it
     got since the last pull into `StreamDelta`s (one per token), UTF-8 safe, holding back
-    text that could begin a stop string; a matched stop string ends the sequence there.
+    text that could begin a stop string; a matched stop string ends the sequence there (one
+    that ends before the `min_tokens`-th token's text does not count).
     `closed` once the last delta was given."""
 
     def __init__(self, engine: LLMEngine, tokenizer: Any, seq: Sequence):
@@ -289,6 +290,7 @@ class RequestStream:
         self.decoder = IncrementalDecoder(tokenizer, params.skip_special_tokens)
         self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars held back
         self.text, self.emitted, self.done = "", 0, 0  # all text, text given out, tokens seen
+        self.stop_floor = 0  # a stop string counts only if it ends after text[:stop_floor] (min_tokens)
         self.closed = False
 
     def pull(self) -> list[StreamDelta]:
@@ -299,10 +301,14 @@ class RequestStream:
         for i, token_id in enumerate(new):
             self.done += 1
             last = ended and i == len(new) - 1
+            if self.done == params.min_tokens:  # vLLM's min_tokens: a stop string must end in this token or later
+                self.stop_floor = len(self.text)
             self.text += self.decoder.push(token_id)
             if last:
                 self.text += self.decoder.flush()
-            if params.stop and (cut := _find_stop(self.text, params.stop, max(0, self.emitted - self.hold))) >= 0:
+            if params.stop and self.done >= params.min_tokens and (
+                cut := _find_stop(self.text, params.stop, max(0, self.emitted - self.hold), self.stop_floor)
+            ) >= 0:
                 self.text, last = self.text[:cut], True
                 self.engine.finish(seq, "stop", num_output_tokens=self.done)
             end = len(self.text) if last else max(self.emitted, len(self.text) - self.hold)
@@ -343,7 +349,7 @@ def _as_list(value: Any, item: type | None = None) -> list[Any]:
     return [value]
 
 
-def _find_stop(text: str, stops: list[str], start: int) -> int:
-    """Index of the earliest stop string in text[start:], or -1."""
-    hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+def _find_stop(text: str, stops: list[str], start: int, floor: int = 0) -> int:
+    """Index of the earliest stop string in text[start:] that ends after text[:floor], or -1."""
+    hits = [i for s in stops if (i := text.find(s, max(start, floor - len(s) + 1))) >= 0]
     return min(hits, default=-1)

@@ -208,3 +208,34 @@ def test_penalised_requests_follow_their_logits_alone_batched_and_drafted(tiny_g
     spec = LLM(str(tiny_gemma3), **base, speculative="ngram", num_speculative_tokens=5, prompt_lookup_min=1)
     assert list(spec.generate([prompt], params)[0].outputs[0].token_ids) == out
     assert spec.engine.spec_stats.num_accepted_tokens > 0  # drafts were kept: later rows counted them
+
+
+@needs_native
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_min_tokens_holds_back_end_of_sequence_and_stop_ids(tiny_gemma3, speculative):
+    """The first min_tokens tokens are those of the plain path with the stop ids masked:
+    a stop id that is the greedy pick at once (by itself, through the greedy screen after
+    min_tokens; or made so by a bias: end-of-sequence, a stop_token_id) comes no earlier."""
+    from fastgemma.engine.sampler import process_logits
+
+    base = dict(device="cpu", max_model_len=LEN, prefill_chunk=16, dtype="bfloat16")
+    spec = dict(speculative="ngram", num_speculative_tokens=5, prompt_lookup_min=1) if speculative else {}
+    llm = LLM(str(tiny_gemma3), **base, **spec)
+    eos = sorted(llm.engine.eos_token_ids)[0]
+    prompt = [5, 9, 4, 9, 4, 9, 4, 9, 4, 7]
+    first = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))[0].outputs[0].token_ids[0]
+    cases = [({"stop_token_ids": [first]}, None), ({"logit_bias": {eos: 60.0}}, eos),
+             ({"stop_token_ids": [11], "logit_bias": {11: 60.0}}, 11)]
+    for extra, ends_with in cases:
+        params = SamplingParams(max_tokens=20, temperature=0.0, min_tokens=6, **extra)
+        out = list(llm.generate([prompt], params)[0].outputs[0].token_ids)
+        runner, want = llm.runner, []
+        stop_ids = sorted(set(extra.get("stop_token_ids", [])) | llm.engine.eos_token_ids)
+        with torch.inference_mode():
+            logits = runner.prefill(prompt)
+            for _ in range(6):
+                want.append(int(torch.argmax(process_logits(logits[None], params, prompt, want, (), stop_ids)[0])))
+                logits = runner.decode(want[-1], len(prompt) + len(want) - 1)
+        assert out[:6] == want and not set(want) & set(stop_ids), (extra, out)
+        if ends_with is not None:
+            assert out[6:] == [ends_with], (extra, out)

@@ -100,3 +100,25 @@ def test_min_p_drops_tokens_below_its_share_of_the_top_probability():
 def test_bad_penalties_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_min_tokens_masks_the_stop_ids_in_the_rows_before_it():
+    from fastgemma.engine.sampler import process_logits
+
+    params = SamplingParams(max_tokens=8, min_tokens=3)
+    assert not params.processes_logits and params.processes_logits_at(2) and not params.processes_logits_at(3)
+    got = process_logits(torch.zeros(3, 6), params, [0], [4], draft=[5, 5], stop_ids=[1, 2])
+    assert torch.isinf(got[:2, [1, 2]]).all() and not torch.isinf(got[:2, [0, 3, 4, 5]]).any()
+    assert not torch.isinf(got[2]).any()  # the third output token may end the sequence
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
+def test_stop_strings_before_min_tokens_do_not_count():
+    from fastgemma.llm import _find_stop
+
+    text = "ab.cd.ef"
+    assert _find_stop(text, ["."], 0) == 2
+    assert _find_stop(text, ["."], 0, floor=3) == 5  # the first "." ends inside text[:3]
+    assert _find_stop(text, ["d.e"], 0, floor=5) == 4  # ends after text[:5]: counts
+    assert _find_stop(text, ["cd"], 0, floor=5) == -1

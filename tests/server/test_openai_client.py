@@ -163,15 +163,15 @@ def test_stream_chunks_are_whole_characters(oai, ref_llm):
 
 
 def test_penalties_bias_and_min_p_are_the_apis(oai, ref_llm):
-    """OpenAI's presence / frequency penalties and logit_bias, vLLM's repetition_penalty and
-    min_p: the tokens the Python API gives with the same settings."""
+    """OpenAI's presence / frequency penalties and logit_bias, vLLM's repetition_penalty,
+    min_p and min_tokens: the tokens the Python API gives with the same settings."""
     kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=10, presence_penalty=0.5, frequency_penalty=0.3,
               logit_bias={"9": 1.5}, seed=3)
-    extra = {"repetition_penalty": 1.2, "min_p": 0.05, "ignore_eos": True, "return_token_ids": True}
+    extra = {"repetition_penalty": 1.2, "min_p": 0.05, "min_tokens": 4, "ignore_eos": True, "return_token_ids": True}
     for temperature in (0.0, 0.8):
         out = oai.completions.create(**kw, temperature=temperature, extra_body=extra).choices[0]
         params = SamplingParams(max_tokens=10, temperature=temperature, seed=3, presence_penalty=0.5,
                                 frequency_penalty=0.3, repetition_penalty=1.2, min_p=0.05, logit_bias={9: 1.5},
-                                ignore_eos=True)
+                                min_tokens=4, ignore_eos=True)
         ref = ref_llm.generate("Once upon a time", params)[0]
         assert (out.text, out.token_ids) == (ref.text, ref.token_ids), temperature

@@ -190,7 +190,7 @@ BAD = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
     ({"logit_bias": {"five": 3}}, "logit_bias"),
-    ({"min_tokens": 4}, "min_tokens"),
+    ({"min_tokens": -1}, "min_tokens"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"n": 1000}, "n"),
 ]

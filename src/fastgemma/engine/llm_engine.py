@@ -16,6 +16,11 @@ lm_head screen ranks allowed ids only), sampled rows draw from the logits masked
 outside the grammar; each emitted token advances the grammar, and a complete grammar ends
 the sequence ("stop"). Logprobs stay the model's own (vLLM's raw logprobs).
 
+Logits processing (penalties, logit_bias, min_tokens; engine/sampler.py `process_logits`):
+such a row is picked from its full logits processed for its sequence, row i of a
+verification as if draft[:i] were already emitted; greedy rows of other sequences keep the
+screen.
+
 Choices (SamplingParams.n, vLLM's parallel sampling): `add_choices` queues n sequences of one
 prompt, choice i with `params.for_choice(i)`. The first computes the prompt; the others are
 its forks, admitted with it (n slots at once) and given no work until its last prompt chunk
@@ -217,7 +222,7 @@ class LLMEngine:
         for s in (seq, *forks):
             s.target_hidden = hidden[-1]
             allowed = s.grammar.bitmask() if s.grammar is not None else None
-            if s.params.greedy and s.params.logprobs is None and not s.params.processes_logits:  # the token only
+            if s.params.greedy and s.params.logprobs is None and not s.params.processes_logits_at(0):  # token only
                 if allowed is not None:
                     token = self.runner.first_token(hidden, "greedy", allowed)
                 else:
@@ -226,7 +231,10 @@ class LLMEngine:
                 continue
             if first is None:
                 first = self.runner.first_token(hidden, "logits")
-            pick = process_logits(first[None], s.params, s.prompt_token_ids, [])[0] if s.params.processes_logits else first
+            if s.params.processes_logits_at(0):
+                pick = process_logits(first[None], s.params, s.prompt_token_ids, [], (), self.stop_ids(s))[0]
+            else:
+                pick = first
             pick = pick if allowed is None else masked(pick, allowed)
             self.postprocess(s, [sample(pick, s.params, s.generator)], first[None])
         return [seq, *forks]
@@ -242,8 +250,8 @@ class LLMEngine:
             masks.append(mask)
         batch = [
             DecodeRows(seq.slot, [seq.last_token_id, *draft], seq.num_tokens - 1,
-                       greedy=seq.params.greedy and seq.params.logprobs is None and not seq.params.processes_logits,
-                       allowed=mask)
+                       greedy=seq.params.greedy and seq.params.logprobs is None
+                       and not seq.params.processes_logits_at(len(seq.output_token_ids)), allowed=mask)
             for seq, draft, mask in zip(seqs, drafts, masks)
         ]
         for seq, draft, rows, out in zip(seqs, drafts, batch, self.runner.decode_batch(batch)):
@@ -252,8 +260,9 @@ class LLMEngine:
                 tokens = accept_greedy(draft, out.tokens)
             else:
                 pick = logits
-                if seq.params.processes_logits:  # row i follows the output and draft[:i]
-                    pick = process_logits(logits, seq.params, seq.prompt_token_ids, seq.output_token_ids, draft)
+                if seq.params.processes_logits_at(len(seq.output_token_ids)):  # row i follows the output and draft[:i]
+                    pick = process_logits(logits, seq.params, seq.prompt_token_ids, seq.output_token_ids, draft,
+                                          self.stop_ids(seq))
                 pick = pick if rows.allowed is None else masked(pick, rows.allowed)
                 if seq.params.greedy:  # greedy with logprobs
                     tokens = accept_greedy(draft, torch.argmax(pick, dim=-1).tolist())
@@ -300,6 +309,10 @@ class LLMEngine:
             return []
         cache = self.runner.pool.seqs[seq.slot]
         return self.proposer.propose(seq.prompt_token_ids + seq.output_token_ids, limit, seq.target_hidden, cache)
+
+    def stop_ids(self, seq: Sequence) -> list[int]:
+        """The ids that end the sequence: end-of-sequence (unless ignored) and its stop_token_ids."""
+        return sorted(set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_token_ids))
 
     def postprocess(self, seq: Sequence, tokens: list[int], rows: torch.Tensor | None) -> None:
         """Append tokens (rows[i]: the logits token i was picked from) until one ends the sequence."""

@@ -1,7 +1,7 @@
 """Pick the next token from one position's logits.
 
 First the logits are processed (`process_logits`, only for requests that ask: vLLM's order
-and formulas): + logit_bias; the repetition penalty r on every token of the prompt or the
+and formulas): the stop ids masked until min_tokens; + logit_bias; the repetition penalty r on every token of the prompt or the
 output so far (a logit > 0 divided by r, else multiplied by it); then minus
 frequency_penalty x its count in the output and presence_penalty where that count is > 0.
 Greedy is then `argmax` (ties go to the lowest id, as torch.argmax does). Otherwise:
@@ -25,10 +25,15 @@ def process_logits(
     prompt_ids: list[int],
     output_ids: list[int],
     draft: Sequence[int] = (),
+    stop_ids: Sequence[int] = (),
 ) -> torch.Tensor:
-    """The logits the pick reads [R, V] fp32: bias, then penalties (module docstring)."""
+    """The logits the pick reads [R, V] fp32: the stop ids (end-of-sequence unless ignored,
+    stop_token_ids) at -inf in the rows before min_tokens, bias, penalties (module docstring)."""
     R, V = logits.shape
     x = logits.float().clone()
+    short = min(R, params.min_tokens - len(output_ids))  # rows still before min_tokens
+    if short > 0 and stop_ids:
+        x[:short, torch.tensor(list(stop_ids), device=x.device)] = float("-inf")
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), device=x.device)
         x[:, ids] += torch.tensor(list(params.logit_bias.values()), dtype=x.dtype, device=x.device)

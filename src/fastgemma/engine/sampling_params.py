@@ -8,8 +8,10 @@ sequences sharing the prompt's computed cache (engine/llm_engine.py), each with
 Logits processing, vLLM's fields and meanings (engine/sampler.py `process_logits`): the
 penalties over the tokens generated so far (presence, frequency) and over the prompt's and
 the generated tokens (repetition), `logit_bias`; `min_p` filters the sampling distribution
-(greedy is unaffected). A request with penalties or a bias needs its full logits each step
-(`processes_logits`), so it does not take the greedy lm_head screen.
+(greedy is unaffected); `min_tokens` keeps the stop ids' logits at -inf until that many
+tokens are out (and stop strings unchecked). A request with penalties or a bias needs its
+full logits each step (`processes_logits`), one with min_tokens until it has them, so those
+steps do not take the greedy lm_head screen.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ SAMPLING_EPS = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 class SamplingParams:
     n: int = 1  # completions (choices) of the prompt
     max_tokens: int = 16  # tokens to generate at most (vLLM's default)
+    min_tokens: int = 0  # tokens before end-of-sequence, stop_token_ids or a stop string may end it
     temperature: float = 1.0  # 0 (or under SAMPLING_EPS) = greedy
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 or -1 = all
@@ -53,6 +56,8 @@ class SamplingParams:
         checks = [  # (field, its value is fine, what it must be)
             ("n", isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "an integer >= 1"),
             ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1, "an integer >= 1"),
+            ("min_tokens", isinstance(self.min_tokens, int) and not isinstance(self.min_tokens, bool)
+             and 0 <= self.min_tokens <= self.max_tokens, "an integer in [0, max_tokens]"),
             ("temperature", 0.0 <= self.temperature <= 100.0, "in [0, 100] (0 = greedy)"),
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
             ("top_k", isinstance(self.top_k, int) and self.top_k >= -1, "-1, 0 (disabled) or a positive integer"),
@@ -82,6 +87,10 @@ class SamplingParams:
         """Penalties or a bias change the logits before the pick (module docstring)."""
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
                 or bool(self.logit_bias))
+
+    def processes_logits_at(self, num_output_tokens: int) -> bool:
+        """Whether the pick of output token `num_output_tokens` (0-based) reads processed logits."""
+        return self.processes_logits or num_output_tokens < self.min_tokens
 
     def for_choice(self, index: int) -> SamplingParams:
         """Choice `index`'s own settings (vLLM's parallel sampling): n = 1, seed + index when

@@ -384,6 +384,7 @@ def sampling_params(
         return SamplingParams(
             n=req.n,
             min_p=req.min_p or 0.0,
+            min_tokens=req.min_tokens or 0,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,

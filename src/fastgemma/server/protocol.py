@@ -34,7 +34,6 @@ class _Strict(BaseModel):
 # Fields of OpenAI's / vLLM's request schemas that fastgemma does not honour, with the values
 # that change nothing (accepted); any other value is a 400 naming the field.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "min_tokens": (None, 0),
     "bad_words": (None, []),
     "allowed_token_ids": (None,),
     "logits_processors": (None, []),
@@ -123,6 +122,7 @@ class _SamplingFields(_Request):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_tokens: int | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
