@@ -72,7 +72,7 @@ def build_image_model(folder: Path) -> Path:
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests/tiny_models.py
-    from tests.tiny_models import randomize, write_gemma4_tokenizer
+    from tests.tiny_models import randomize, write_gemma4_processor, write_gemma4_tokenizer
 
     sliding, full = "sliding_attention", "full_attention"
     text = Gemma4TextConfig(
@@ -87,19 +87,12 @@ def build_image_model(folder: Path) -> Path:
     randomize(model, 0)
     model.to(torch.bfloat16).save_pretrained(folder)
     write_gemma4_tokenizer(folder)
-    processor = {  # transformers' Gemma4Processor loads its audio feature extractor too
-        "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750, "audio_ms_per_token": 40,
-        "image_processor": {"image_processor_type": "Gemma4ImageProcessorPil", "max_soft_tokens": 280,
-                            "patch_size": 16, "pooling_kernel_size": 3},
-        "feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128,
-                              "sampling_rate": 16000},
-    }
-    (folder / "processor_config.json").write_text(json.dumps(processor))
+    write_gemma4_processor(folder, image_soft_tokens=280)
     return folder
 
 
 def image_prompts(llm, requests: int) -> list[tuple]:
-    """An image and a caption, then each request's own question (chat turns)."""
+    """An image and the conversation about it so far, then each request's own question."""
     from PIL import Image
 
     g = torch.Generator().manual_seed(0)

@@ -195,7 +195,6 @@ def gemma4_multimodal_config():
 def save_tiny_multimodal(folder: Path, seed: int = 5, image_soft_tokens: int = 70) -> Path:
     """A tiny random `Gemma4ForConditionalGeneration` folder: weights, Gemma 4 tokenizer and
     the image / audio preprocessing settings (`processor_config.json`)."""
-    import json
 
     from transformers import Gemma4ForConditionalGeneration
 
@@ -208,6 +207,14 @@ def save_tiny_multimodal(folder: Path, seed: int = 5, image_soft_tokens: int = 7
         vt.std_scale.copy_(1.0 + 0.2 * torch.randn(vt.std_scale.shape))
     model.save_pretrained(folder)
     write_gemma4_tokenizer(folder)
+    write_gemma4_processor(folder, image_soft_tokens)
+    return folder
+
+
+def write_gemma4_processor(folder: Path, image_soft_tokens: int) -> None:
+    """processor_config.json: Gemma 4's image / audio preprocessing settings."""
+    import json
+
     processor = {
         "processor_class": "Gemma4Processor", "image_seq_length": image_soft_tokens, "audio_seq_length": 750,
         "audio_ms_per_token": 40,
@@ -217,7 +224,6 @@ def save_tiny_multimodal(folder: Path, seed: int = 5, image_soft_tokens: int = 7
                               "sampling_rate": 16000},
     }
     (folder / "processor_config.json").write_text(json.dumps(processor, indent=2))
-    return folder
 
 
 def gemma4_assistant_config(target, ordered: bool = False):
