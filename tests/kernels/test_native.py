@@ -35,17 +35,30 @@ def test_gemv_only_for_decode_sized_inputs():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,K", [(37, 640), (8, 1000), (262, 2048)])
+@pytest.mark.parametrize("N,K", [(37, 640), (8, 1000), (39, 1000), (262, 2048)])
 def test_gemv_rows_are_row_invariant(dtype, N, K):
     """Each row of a multi-row product has exactly the bits of that row alone (what a
-    speculative verification relies on)."""
+    speculative verification and batched decoding rely on): every tile of inputs (1-4, the
+    last one ragged) and weight rows (pairs, a ragged last block of 1-3)."""
     g = torch.Generator().manual_seed(N + K)
     w = torch.randn(N, K, generator=g).to(dtype)
     x = torch.randn(NATIVE_MAX_ROWS, K, generator=g).to(dtype)
-    for M in (2, 5, NATIVE_MAX_ROWS):
+    for M in (2, 3, 5, 7, NATIVE_MAX_ROWS):
         rows = linear(x[:M], w, use_native=True)
         for m in range(M):
             assert torch.equal(rows[m], linear(x[m : m + 1], w, use_native=True)[0])
+        if dtype == torch.bfloat16:  # the fp32 sums too (bf16 outputs round most order changes away)
+            sums = _gemv_bf16_sums(x[:M], w)
+            for m in range(M):
+                assert torch.equal(sums[m], _gemv_bf16_sums(x[m : m + 1], w)[0])
+
+
+def _gemv_bf16_sums(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """gemv_bf16's fp32 sums (out_f32), before the rounding to bf16."""
+    (M, K), N = x.shape, w.shape[0]
+    y = torch.empty(M, N)
+    native.load().gemv_bf16(w.data_ptr(), x.contiguous().data_ptr(), y.data_ptr(), M, N, K, 1)
+    return y
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])

@@ -6,7 +6,10 @@
  * order (one long sequential stream per thread, which the hardware prefetcher follows;
  * interleaving several short rows defeats it), four rows per block so that their four sums
  * are reduced together, and OpenMP splits the blocks across cores. Each block is applied to
- * the M inputs in turn while it sits in L1, so M rows cost one pass over W.
+ * the M inputs in turn while it sits in L1, so M rows cost one pass over W. With three or
+ * more inputs a tile (a batched decode step) is bound by its loads and by memory latency,
+ * not bandwidth: two rows share each input load (row_dot2_bf16) and the weights are
+ * prefetched further ahead into L2 (simd.h), without changing any sum's order.
  *
  * Row invariance: y[m, n] is computed by the same instructions in the same order whatever M
  * is and wherever row m sits, so a verification over K + 1 rows gives each row exactly the
@@ -45,8 +48,13 @@ static inline __attribute__((always_inline)) void row_dot_bf16(const uint16_t *w
     for (int m = 0; m < 4; m++) a0[m] = a1[m] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 64 <= K32; k += 64) {
-        _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES + 64, _MM_HINT_T0);
+        if (nt >= 3) {  /* constant per tile size (simd.h) */
+            _mm_prefetch((const char *)(w + k) + PREFETCH_FAR_BYTES, _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + k) + PREFETCH_FAR_BYTES + 64, _MM_HINT_T1);
+        } else {
+            _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + k) + PREFETCH_BYTES + 64, _MM_HINT_T0);
+        }
         const __m512bh w0 = load_bh(w + k, 0xffffffffu), w1 = load_bh(w + k + 32, 0xffffffffu);
         for (int m = 0; m < nt; m++) {
             a0[m] = _mm512_dpbf16_ps(a0[m], w0, load_bh(x + m * K + k, 0xffffffffu));
@@ -64,6 +72,50 @@ static inline __attribute__((always_inline)) void row_dot_bf16(const uint16_t *w
     for (int m = 0; m < nt; m++) out[m] = _mm512_add_ps(a0[m], a1[m]);
 }
 
+/* Two adjacent weight rows against nt (3 or 4) inputs: each (row, input) sum with exactly the
+ * chains and order of row_dot_bf16, so the bits are the same; each input's block is loaded
+ * once for both rows (6 loads per 8 products instead of 10: with several inputs the loop is
+ * bound by its loads once the weights arrive in time). */
+static inline __attribute__((always_inline)) void row_dot2_bf16(const uint16_t *w, const uint16_t *v, const uint16_t *x,
+                                                                int64_t K, int64_t K32, __mmask32 tail, int nt,
+                                                                __m512 out_w[4], __m512 out_v[4]) {
+    __m512 a0[4], a1[4], b0[4], b1[4];  /* row w: a, row v: b; chains 0 / 1 as row_dot_bf16's */
+    for (int m = 0; m < 4; m++) a0[m] = a1[m] = b0[m] = b1[m] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K32; k += 64) {
+        _mm_prefetch((const char *)(w + k) + PREFETCH_FAR_BYTES, _MM_HINT_T1);
+        _mm_prefetch((const char *)(w + k) + PREFETCH_FAR_BYTES + 64, _MM_HINT_T1);
+        _mm_prefetch((const char *)(v + k) + PREFETCH_FAR_BYTES, _MM_HINT_T1);
+        _mm_prefetch((const char *)(v + k) + PREFETCH_FAR_BYTES + 64, _MM_HINT_T1);
+        const __m512bh w0 = load_bh(w + k, 0xffffffffu), w1 = load_bh(w + k + 32, 0xffffffffu);
+        const __m512bh v0 = load_bh(v + k, 0xffffffffu), v1 = load_bh(v + k + 32, 0xffffffffu);
+        for (int m = 0; m < nt; m++) {
+            const __m512bh x0 = load_bh(x + m * K + k, 0xffffffffu), x1 = load_bh(x + m * K + k + 32, 0xffffffffu);
+            a0[m] = _mm512_dpbf16_ps(a0[m], w0, x0);
+            b0[m] = _mm512_dpbf16_ps(b0[m], v0, x0);
+            a1[m] = _mm512_dpbf16_ps(a1[m], w1, x1);
+            b1[m] = _mm512_dpbf16_ps(b1[m], v1, x1);
+        }
+    }
+    if (k < K32) {
+        const __m512bh w0 = load_bh(w + k, 0xffffffffu), v0 = load_bh(v + k, 0xffffffffu);
+        for (int m = 0; m < nt; m++) {
+            const __m512bh x0 = load_bh(x + m * K + k, 0xffffffffu);
+            a0[m] = _mm512_dpbf16_ps(a0[m], w0, x0);
+            b0[m] = _mm512_dpbf16_ps(b0[m], v0, x0);
+        }
+    }
+    if (tail) {
+        const __m512bh w1 = load_bh(w + K32, tail), v1 = load_bh(v + K32, tail);
+        for (int m = 0; m < nt; m++) {
+            const __m512bh x1 = load_bh(x + m * K + K32, tail);
+            a1[m] = _mm512_dpbf16_ps(a1[m], w1, x1);
+            b1[m] = _mm512_dpbf16_ps(b1[m], v1, x1);
+        }
+    }
+    for (int m = 0; m < nt; m++) out_w[m] = _mm512_add_ps(a0[m], a1[m]), out_v[m] = _mm512_add_ps(b0[m], b1[m]);
+}
+
 /* out_f32: 1 -> y is float*, 0 -> y is bf16 (uint16_t*) */
 void gemv_bf16(const uint16_t *W, const uint16_t *x, void *y, int64_t M, int64_t N, int64_t K, int out_f32) {
     const int64_t K32 = K & ~(int64_t)31;
@@ -73,9 +125,16 @@ void gemv_bf16(const uint16_t *W, const uint16_t *x, void *y, int64_t M, int64_t
         const int64_t rows = (N - n0) < 4 ? (N - n0) : 4;
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
             const int nt = (M - m0) < 4 ? (int)(M - m0) : 4;
-            __m512 acc[4][4], row[4];  /* acc[input][weight row] */
+            __m512 acc[4][4], row[4], next[4];  /* acc[input][weight row] */
             for (int r = 0; r < 4; r++) {
                 const uint16_t *w = W + (n0 + r) * K, *xm = x + m0 * K;
+                if (nt >= 3 && r + 1 < rows) {  /* two rows at once (the same bits) */
+                    if (nt == 3) row_dot2_bf16(w, w + K, xm, K, K32, tail, 3, row, next);
+                    else row_dot2_bf16(w, w + K, xm, K, K32, tail, 4, row, next);
+                    for (int m = 0; m < nt; m++) acc[m][r] = row[m], acc[m][r + 1] = next[m];
+                    r++;
+                    continue;
+                }
                 if (r < rows) switch (nt) {  /* constant tile sizes: the chains stay in registers */
                     case 1: row_dot_bf16(w, xm, K, K32, tail, 1, row); break;
                     case 2: row_dot_bf16(w, xm, K, K32, tail, 2, row); break;

@@ -167,8 +167,12 @@ static inline __attribute__((always_inline)) void block_u8s8(const int8_t *w, co
     const int32_t *x = (const int32_t *)xu;
     int64_t k = 0;
     for (; k + chains <= K4; k += chains) {
-        if (prefetch) _mm_prefetch((const char *)(w + k * 64) + PREFETCH_BYTES, _MM_HINT_T0);
-        if (prefetch && chains == 4) _mm_prefetch((const char *)(w + k * 64) + PREFETCH_BYTES + 128, _MM_HINT_T0);
+        if (prefetch && nt >= 3)  /* every line, into L2, far ahead (simd.h) */
+            for (int c = 0; c < chains; c++) _mm_prefetch((const char *)(w + (k + c) * 64) + PREFETCH_FAR_BYTES, _MM_HINT_T1);
+        else if (prefetch) {
+            _mm_prefetch((const char *)(w + k * 64) + PREFETCH_BYTES, _MM_HINT_T0);
+            if (chains == 4) _mm_prefetch((const char *)(w + k * 64) + PREFETCH_BYTES + 128, _MM_HINT_T0);
+        }
         for (int c = 0; c < chains; c++) {
             const __m512i wc = _mm512_loadu_si512((const void *)(w + (k + c) * 64));
             for (int m = 0; m < nt; m++) acc[c][m] = _mm512_dpbusd_epi32(acc[c][m], _mm512_set1_epi32(x[m * K4 + k + c]), wc);
