@@ -10,8 +10,7 @@
  * slot (first + j) mod slots: the visible keys in position order, whether the cache is a
  * flat buffer (first = 0) or a ring that has wrapped (models/kv_cache.py). Summing in
  * position order makes the result independent of the ring's size, so a cache with spare
- * ring slots (speculative decoding) gives the plain path's bits. One query per call;
- * OpenMP splits the heads.
+ * ring slots (speculative decoding) gives the plain path's bits. One query per call.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -49,37 +48,94 @@ static inline float VSUM(__m256 a) {
 #define ld_bf16 widen_bf16x8
 #endif
 
+/* The heads of one kv head are taken together, so that each key / value vector is loaded
+ * (and widened) once for all of them, and the work is split across threads by keys (scores)
+ * and by lanes of d (output) rather than by heads (a model may have a single kv head):
+ *   1. scores, blocks of 4 keys x up to 4 heads: 16 independent FMA chains, each over d in
+ *      order (one chain per key is bound by the FMA's latency);
+ *   2. per head: max, exp and their sum in key order;
+ *   3. output tiles of ATTN_TILE vectors of d x up to 4 heads, each lane summed over the keys
+ *      in position order.
+ * Every number is formed by the same operations in the same order as one head, one key and
+ * one lane at a time, so the result has the same bits whatever the split. */
+#define ATTN_TILE 4
+#define ATTN_SLOT(j) (first + (j) < slots ? first + (j) : first + (j) - slots)
 #define DEFINE_ATTN(NAME, T, LOAD)                                                              \
 void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int64_t S,          \
           int64_t first, int64_t slots, int64_t hd, float scaling, float *scratch) {            \
-    /* scratch: H * (S + hd) floats */                                                          \
-    const int64_t G = H / Hkv, head_stride = slots * hd;                                        \
-    _Pragma("omp parallel for schedule(static)")                                                \
-    for (int64_t h = 0; h < H; h++) {                                                           \
-        const T *kh = k + (h / G) * head_stride, *vh = v + (h / G) * head_stride;               \
-        const T *qh = q + h * hd;                                                               \
-        float *s = scratch + h * (S + hd), *acc = s + S;                                        \
-        float m = -INFINITY;                                                                    \
-        for (int64_t j = 0; j < S; j++) {                                                       \
-            const int64_t slot = first + j < slots ? first + j : first + j - slots;            \
-            VEC a = VZERO();                                                                    \
-            for (int64_t d = 0; d < hd; d += LANES)                                             \
-                a = VFMA(LOAD(qh + d), LOAD(kh + slot * hd + d), a);                            \
-            s[j] = VSUM(a) * scaling;                                                           \
-            if (s[j] > m) m = s[j];                                                             \
+    /* scratch: H * (S + hd) floats: head h's scores (then exps) and output sums */             \
+    const int64_t G = H / Hkv, head_stride = slots * hd, key_blocks = (S + 3) / 4;              \
+    const int64_t tile = hd % (ATTN_TILE * LANES) == 0 ? ATTN_TILE : 1, tiles = hd / (tile * LANES); \
+    float inv[H];                                                                               \
+    _Pragma("omp parallel")                                                                     \
+    {                                                                                           \
+        _Pragma("omp for schedule(static)")                                                     \
+        for (int64_t item = 0; item < Hkv * key_blocks; item++) {  /* 1. scores */              \
+            const int64_t g = item / key_blocks, j0 = (item % key_blocks) * 4;                  \
+            const int64_t nk = S - j0 < 4 ? S - j0 : 4;                                         \
+            const T *kj[4];                                                                     \
+            for (int64_t i = 0; i < 4; i++)                                                     \
+                kj[i] = k + g * head_stride + ATTN_SLOT(j0 + (i < nk ? i : 0)) * hd;            \
+            for (int64_t h0 = g * G; h0 < (g + 1) * G; h0 += 4) {                               \
+                const int64_t nh = (g + 1) * G - h0 < 4 ? (g + 1) * G - h0 : 4;                 \
+                VEC a[4][4];  /* [head][key] */                                                 \
+                for (int i = 0; i < 4; i++) for (int u = 0; u < 4; u++) a[i][u] = VZERO();      \
+                for (int64_t d = 0; d < hd; d += LANES) {                                       \
+                    const VEC k0 = LOAD(kj[0] + d), k1 = LOAD(kj[1] + d);                       \
+                    const VEC k2 = LOAD(kj[2] + d), k3 = LOAD(kj[3] + d);                       \
+                    for (int i = 0; i < 4; i++) {                                               \
+                        if (i >= nh) break;                                                     \
+                        const VEC qd = LOAD(q + (h0 + i) * hd + d);                             \
+                        a[i][0] = VFMA(qd, k0, a[i][0]), a[i][1] = VFMA(qd, k1, a[i][1]);       \
+                        a[i][2] = VFMA(qd, k2, a[i][2]), a[i][3] = VFMA(qd, k3, a[i][3]);       \
+                    }                                                                           \
+                }                                                                               \
+                for (int64_t i = 0; i < nh; i++)                                                \
+                    for (int64_t u = 0; u < nk; u++) scratch[(h0 + i) * (S + hd) + j0 + u] = VSUM(a[i][u]) * scaling; \
+            }                                                                                   \
         }                                                                                       \
-        float total = 0.f;                                                                      \
-        for (int64_t j = 0; j < S; j++) { s[j] = expf(s[j] - m); total += s[j]; }               \
-        const float inv = 1.f / total;                                                          \
-        for (int64_t d = 0; d < hd; d += LANES) VSTOREF(acc + d, VZERO());                      \
-        for (int64_t j = 0; j < S; j++) {                                                       \
-            const VEC p = VSET1(s[j] * inv);                                                    \
-            const int64_t slot = first + j < slots ? first + j : first + j - slots;            \
-            for (int64_t d = 0; d < hd; d += LANES)                                             \
-                VSTOREF(acc + d, VFMA(p, LOAD(vh + slot * hd + d),                              \
-                                                          VLOADF(acc + d)));                    \
+        _Pragma("omp for schedule(static)")                                                     \
+        for (int64_t h = 0; h < H; h++) {  /* 2. softmax's exps and sum, in key order */        \
+            float *s = scratch + h * (S + hd), m = -INFINITY, total = 0.f;                      \
+            for (int64_t j = 0; j < S; j++) if (s[j] > m) m = s[j];                             \
+            for (int64_t j = 0; j < S; j++) { s[j] = expf(s[j] - m); total += s[j]; }           \
+            inv[h] = 1.f / total;                                                               \
         }                                                                                       \
-        STORE_##T(o + h * hd, acc, hd);                                                         \
+        _Pragma("omp for schedule(static)")                                                     \
+        for (int64_t item = 0; item < Hkv * tiles; item++) {  /* 3. outputs */                  \
+            const int64_t g = item / tiles, d0 = (item % tiles) * tile * LANES;                 \
+            const T *vg = v + g * head_stride + d0;                                             \
+            for (int64_t h0 = g * G; h0 < (g + 1) * G; h0 += 4) {                               \
+                const int64_t nh = (g + 1) * G - h0 < 4 ? (g + 1) * G - h0 : 4;                 \
+                VEC t[4][ATTN_TILE];  /* [head][vector] */                                      \
+                for (int i = 0; i < 4; i++) for (int r = 0; r < ATTN_TILE; r++) t[i][r] = VZERO(); \
+                if (tile == ATTN_TILE) {                                                        \
+                    for (int64_t j = 0; j < S; j++) {                                           \
+                        const T *vj = vg + ATTN_SLOT(j) * hd;                                   \
+                        VEC x[ATTN_TILE];                                                       \
+                        for (int r = 0; r < ATTN_TILE; r++) x[r] = LOAD(vj + r * LANES);        \
+                        for (int i = 0; i < 4; i++) {                                           \
+                            if (i >= nh) break;                                                 \
+                            const VEC p = VSET1(scratch[(h0 + i) * (S + hd) + j] * inv[h0 + i]); \
+                            for (int r = 0; r < ATTN_TILE; r++) t[i][r] = VFMA(p, x[r], t[i][r]); \
+                        }                                                                       \
+                    }                                                                           \
+                } else {                                                                        \
+                    for (int64_t j = 0; j < S; j++) {                                           \
+                        const VEC x = LOAD(vg + ATTN_SLOT(j) * hd);                             \
+                        for (int i = 0; i < 4; i++) {                                           \
+                            if (i >= nh) break;                                                 \
+                            t[i][0] = VFMA(VSET1(scratch[(h0 + i) * (S + hd) + j] * inv[h0 + i]), x, t[i][0]); \
+                        }                                                                       \
+                    }                                                                           \
+                }                                                                               \
+                for (int64_t i = 0; i < nh; i++) {                                              \
+                    float *sums = scratch + (h0 + i) * (S + hd) + S + d0;                       \
+                    for (int r = 0; r < tile; r++) VSTOREF(sums + r * LANES, t[i][r]);          \
+                    STORE_##T(o + (h0 + i) * hd + d0, sums, tile * LANES);                      \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
     }                                                                                           \
 }
 
