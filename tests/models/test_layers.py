@@ -1,11 +1,14 @@
-"""models/layers.py: the bf16 GELU is a function of each value alone, and it is torch's."""
+"""models/layers.py and kernels/activation.py: the bf16 GELU is a function of each value alone,
+it is torch's, and the MLP's fused gelu(gate) * up has the bits of the two torch ops."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from fastgemma.kernels.activation import gelu_tanh, gelu_tanh_table
+from fastgemma.kernels import native
+from fastgemma.kernels.activation import gelu_tanh, gelu_tanh_mul, gelu_tanh_table
 
 
 def _every_bf16() -> torch.Tensor:
@@ -28,6 +31,37 @@ def test_bf16_gelu_table_is_torchs_gelu():
     table = gelu_tanh_table()[x.view(torch.int16).long() + 2**15].float()
     # bf16 rounding of the fp32 function, up to torch's own tanh approximations
     assert ((table - ref).abs()[finite] <= ref.abs()[finite] * 2**-7 + 1e-6).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 263])
+def test_bf16_gelu_mul_is_the_torch_ops(rows):
+    """gelu_tanh_mul (native for bf16 where the library loads) = table lookup, then torch's bf16
+    product, for every bf16 gate (NaNs and infinities too) against ups of every scale: the
+    same bits, NaNs apart (a NaN's payload: torch's own vector and scalar loops differ there)."""
+    g = torch.Generator().manual_seed(rows)
+    every = _every_bf16()
+    gate = every[torch.randint(0, every.numel(), (rows, 2048), generator=g)]
+    gate[0, : min(2048, every.numel())] = every[:2048]
+    up = (torch.randn(rows, 2048, generator=g) * 10.0 ** torch.randint(-4, 5, (rows, 2048), generator=g)).bfloat16()
+    up[0, :3] = torch.tensor([float("inf"), float("nan"), -0.0])
+    got = gelu_tanh_mul(torch.cat([gate, up], dim=1), 2048)
+    want = gelu_tanh_table()[gate.view(torch.int16).long() + 2**15] * up
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan) and nan.any()
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+@pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+def test_bf16_gelu_mul_runs_natively():
+    calls = []
+    lib = native.load()
+    real = lib.gelu_mul_bf16
+    try:
+        lib.gelu_mul_bf16 = lambda *a: (calls.append(a), real(*a))
+        gelu_tanh_mul(torch.zeros(2, 8, dtype=torch.bfloat16), 4)
+    finally:
+        lib.gelu_mul_bf16 = real
+    assert len(calls) == 1
 
 
 def test_fp32_gelu_is_torchs():

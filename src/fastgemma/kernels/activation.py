@@ -37,3 +37,17 @@ def gelu_tanh(x: torch.Tensor, use_native: bool = False) -> torch.Tensor:
         lib.gelu_tanh_f32(x.data_ptr(), y.data_ptr(), x.numel())
         return y
     return F.gelu(x, approximate="tanh")
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor, intermediate: int, use_native: bool = False) -> torch.Tensor:
+    """gate_up: [T, 2 I] = [gate | up] per row -> gelu_tanh(gate) * up [T, I]. bf16 on CPU with
+    the native library: one native pass (`cpu_decode_layer.c` gelu_mul_bf16: the same table
+    and bf16 product, so the same bits as the two torch ops for any T, NaN payloads apart)."""
+    lib = native.load() if gate_up.dtype == torch.bfloat16 and gate_up.device.type == "cpu" else None
+    if lib is not None and gate_up.dim() == 2 and gate_up.shape[1] == 2 * intermediate:
+        gate_up = gate_up.contiguous()
+        y = torch.empty(gate_up.shape[0], intermediate, dtype=torch.bfloat16)
+        lib.gelu_mul_bf16(gelu_tanh_table().data_ptr(), gate_up.data_ptr(), y.data_ptr(), gate_up.shape[0], intermediate)
+        return y
+    gate, up = gate_up.split(intermediate, dim=-1)
+    return gelu_tanh(gate, use_native) * up

@@ -103,6 +103,18 @@ void set_gelu_table_bf16(const uint16_t *table_by_signed_bits) {
     for (uint32_t b = 0; b < 65536; b++) gelu_table[b] = table_by_signed_bits[(int32_t)(int16_t)b + 32768];
 }
 
+/* y [T, I] = gelu(gate) * up for gate_up [T, 2 I] = [gate | up] per row (a prefill chunk's MLP,
+ * kernels/activation.py): the same table lookup and bf16 product as the torch ops and the
+ * decode step above, one pass and no int64 index copy. table: by signed bits, as above. */
+void gelu_mul_bf16(const uint16_t *table_by_signed_bits, const uint16_t *gate_up, uint16_t *y, int64_t T, int64_t I) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *gate = gate_up + t * 2 * I, *up = gate + I;
+        for (int64_t i = 0; i < I; i++)
+            y[t * I + i] = bmul(table_by_signed_bits[(int32_t)(int16_t)gate[i] + 32768], up[i]);
+    }
+}
+
 /* x: [rows, hd] in place; out = x * cos + rotate_half(x) * sin, each product rounded. */
 static void rope_rows(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t rows, int64_t hd) {
     const int64_t half = hd / 2;

@@ -102,6 +102,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.gelu_tanh_f32.restype = None
     lib.set_gelu_table_bf16.argtypes = [ptr]
     lib.set_gelu_table_bf16.restype = None
+    lib.gelu_mul_bf16.argtypes = [ptr, ptr, ptr, i64, i64]
+    lib.gelu_mul_bf16.restype = None
     for fn in (lib.gemma_decode_layers_bf16, lib.gemv_bf16, lib.gemv_f32, lib.gemv_q8, lib.gemv_q4,
                lib.gguf_gemv, lib.gguf_dequantize,
                lib.attend_decode_bf16, lib.attend_decode_f32, lib.rms_norm_bf16, lib.rms_norm_f32):

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from fastgemma.kernels import KernelChoice, bf16_table, decode_layers, huge_pages
-from fastgemma.kernels.activation import gelu_tanh
+from fastgemma.kernels.activation import gelu_tanh, gelu_tanh_mul
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS, Linear, linear
 from fastgemma.kernels.lm_head_screen import LmHeadScreen, masked
 from fastgemma.models.attention import KV, Attention
@@ -66,8 +66,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, native)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] each
-        return self.down_proj(gelu_tanh(gate, self.use_native) * up)
+        return self.down_proj(gelu_tanh_mul(self.gate_up_proj(x), self.intermediate, self.use_native))  # [T, 2I] -> [T, I]
 
 
 class DecoderLayer(nn.Module):
