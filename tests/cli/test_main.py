@@ -55,8 +55,9 @@ def test_invalid_sampling_value(tiny_gemma3):
 @pytest.mark.parametrize("flag,value,field", [("--repetition-penalty", "0", "repetition_penalty"),
                                               ("--presence-penalty", "3", "presence_penalty"),
                                               ("--frequency-penalty", "-2.5", "frequency_penalty"),
-                                              ("--min-p", "2", "min_p")])
-def test_invalid_penalty_or_min_p(tiny_gemma3, flag, value, field):
+                                              ("--min-p", "2", "min_p"),
+                                              ("--min-tokens", "-1", "min_tokens")])
+def test_invalid_penalty_min_p_or_min_tokens(tiny_gemma3, flag, value, field):
     _assert_usage_error(_run("generate", "--model", str(tiny_gemma3), flag, value, "hi"), field)
 
 

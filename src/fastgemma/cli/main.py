@@ -44,6 +44,7 @@ def generate(
                                              help="> 1 discourages repeating the prompt's and output's tokens."),
     presence_penalty: float = typer.Option(0.0, "--presence-penalty"),
     frequency_penalty: float = typer.Option(0.0, "--frequency-penalty"),
+    min_tokens: int = typer.Option(0, "--min-tokens", help="Tokens generated before EOS or a stop id may end the text."),
     seed: Optional[int] = typer.Option(None, "--seed"),
     chat: bool = typer.Option(False, "--chat", help="Format the prompt as one user turn."),
     options: dict[str, Any] | None = None,
@@ -54,7 +55,7 @@ def generate(
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                 repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                                frequency_penalty=frequency_penalty, seed=seed)
+                                frequency_penalty=frequency_penalty, min_tokens=min_tokens, seed=seed)
         config = EngineConfig(model=model, **(options or {}))  # usage errors end here, before torch loads
         from fastgemma import LLM
 
