@@ -183,7 +183,8 @@ def test_a_request_cancelled_while_its_chunk_is_paused_frees_its_slot_cleanly(ti
 @needs_native
 def test_penalised_requests_follow_their_logits_alone_batched_and_drafted(tiny_gemma3):
     """Penalties and a bias: each greedy token is the argmax of the processed logits of the
-    plain path (prompt, output so far); the same alone, beside others, and with n-gram drafts
+    plain path (prompt, output so far), the rows read through the lm_head screen's sparse
+    logits (runner: DecodeRows.keep); the same alone, beside others, and with n-gram drafts
     verified row by row (the bias makes the output repeat 9 / 4, so drafts are kept, until
     the penalties outweigh it)."""
     from fastgemma.engine.sampler import process_logits
@@ -202,7 +203,12 @@ def test_penalised_requests_follow_their_logits_alone_batched_and_drafted(tiny_g
     unpenalised = plain.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
     assert list(unpenalised.outputs[0].token_ids) != out  # the penalties matter here
     other = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    screen, screened = plain.model.lm_head_screen, []
+    assert screen is not None
+    sparse = screen.sparse_logits
+    screen.sparse_logits = lambda *a: screened.append(1) or sparse(*a)  # the screen picks them
     assert list(plain.generate([prompt], params)[0].outputs[0].token_ids) == out
+    assert len(screened) == params.max_tokens - 1  # every decode step's row (the first token: the prompt's logits)
     batched = _run(plain.engine, [(0, [3, 1, 4, 1, 5], other), (0, prompt, params), (3, prompt, params)])
     assert [tokens for tokens, _ in batched[1:]] == [out, out]  # joined together and three steps later
     spec = LLM(str(tiny_gemma3), **base, speculative="ngram", num_speculative_tokens=5, prompt_lookup_min=1)

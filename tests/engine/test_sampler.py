@@ -87,6 +87,30 @@ def test_penalties_and_bias_follow_vllms_formulas_row_by_row():
     assert not torch.equal(got[0], got[1]) and not torch.equal(got[1], got[2])
 
 
+@pytest.mark.parametrize("extra", [{"repetition_penalty": 1.7}, {"frequency_penalty": 0.8}, {"presence_penalty": -0.5},
+                                   {"logit_bias": {2: 3.0, 30: -1.0}}, {"min_tokens": 6},
+                                   {"repetition_penalty": 0.6, "presence_penalty": 1.0, "logit_bias": {7: 1.0}, "min_tokens": 4}])
+def test_changed_ids_are_every_id_processing_changes(extra):
+    """changed_ids (the ids a screened greedy row gets exactly, engine/llm_engine.py) holds
+    every id whose logit process_logits changes in some row, and each kind of change names its
+    ids; the rest keep their logits."""
+    from fastgemma.engine.sampler import changed_ids, process_logits
+
+    g = torch.Generator().manual_seed(len(extra))
+    params = SamplingParams(temperature=0.0, max_tokens=10, **extra)
+    prompt, output, draft, stop = [1, 4, 4, 9], [9, 12, 3], [3, 21], [0, 40]
+    logits = torch.randn(3, 48, generator=g) * 5
+    changed = changed_ids(params, prompt, output, draft, stop)
+    assert changed == sorted(set(changed))
+    moved = (process_logits(logits, params, prompt, output, draft, stop) != logits).any(0).nonzero()[:, 0].tolist()
+    assert set(moved) <= set(changed) and moved
+    if "min_tokens" in extra:
+        assert set(stop) <= set(changed)
+    if extra.get("repetition_penalty", 1.0) != 1.0:
+        assert set(prompt + output + draft) <= set(changed)
+    assert set(changed) <= set(prompt + output + draft + stop + list(params.logit_bias or ()))
+
+
 def test_min_p_drops_tokens_below_its_share_of_the_top_probability():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     probs = filtered_probs(logits, SamplingParams(temperature=1.0, min_p=0.25))  # keeps p >= 0.125

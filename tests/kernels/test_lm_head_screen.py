@@ -15,7 +15,7 @@ import torch
 
 from fastgemma import LLM, SamplingParams
 from fastgemma.kernels import native
-from fastgemma.kernels.lm_head_screen import LmHeadScreen, unpack_bitmask
+from fastgemma.kernels.lm_head_screen import LmHeadScreen, pack_bitmask, unpack_bitmask
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
 
@@ -220,7 +220,7 @@ def test_masked_screen_is_the_plain_masked_argmax(cap, dtype, int8_activations):
         plain = finalize(_fp32_sums(weight, h).to(dtype))
         for allowed in _masks(weight.shape[0], g):
             mask = _bitmask(allowed)
-            assert torch.equal(unpack_bitmask(mask, weight.shape[0]), allowed)
+            assert torch.equal(unpack_bitmask(mask, weight.shape[0]), allowed) and torch.equal(pack_bitmask(allowed), mask)
             want = int(torch.argmax(plain.masked_fill(~allowed, float("-inf"))))
             assert screen.argmax(h[None], [mask])[0] == want
             approx, err, count, ids = screen.bounds(h[None], [mask])[0]
@@ -229,6 +229,46 @@ def test_masked_screen_is_the_plain_masked_argmax(cap, dtype, int8_activations):
             assert count == expected.numel() and torch.equal(ids, expected)
             screened += count < weight.shape[0] // 8
     assert screened > 60  # most of the 120 (state, mask) pairs were decided by the screen
+
+
+@pytest.mark.parametrize("cap", [None, 30.0])
+def test_sparse_logits_keep_every_processed_argmax(cap, int8_activations):
+    """sparse_logits(h, keep, grammar): the argmax after any processing that changes only the
+    keep ids (here: the raw top ids pushed far down, random shifts, a tied duplicate pair
+    split) is the full logits' argmax after it, lowest id on ties, with or without a grammar;
+    the entries it computes are the full logits' bits, and it prunes most of the vocabulary."""
+    weight = _weight(8192, 640, torch.bfloat16, seed=11)
+    V = weight.shape[0]
+    finalize = (lambda x: x) if cap is None else _softcap(cap)
+    screen = LmHeadScreen(weight, finalize, int8_activations=int8_activations)
+    g = torch.Generator().manual_seed(5)
+    pruned = cases = 0
+    for h in _hidden_states(screen, torch.bfloat16, n=24):
+        plain = finalize(_fp32_sums(weight, h).to(torch.bfloat16))
+        top = torch.topk(plain.float(), 6).indices
+        processings = [
+            (top.sort().values, torch.full((6,), -1e4)),  # the raw favourites ruled out
+            (torch.randperm(V, generator=g)[:50].sort().values, torch.randn(50, generator=g) * 4),
+            (torch.tensor([5, 17]), torch.tensor([0.0, -1e4])),  # 5 ties with V - 7 (identical rows)
+            (torch.tensor([], dtype=torch.long), torch.tensor([])),
+        ]
+        for keep, shift in processings:
+            for allowed in (None, torch.rand(V, generator=g) < 0.5):
+                full = plain.float().clone()
+                full[keep] += shift
+                mask = None if allowed is None else pack_bitmask(allowed)
+                sparse = screen.sparse_logits(h[None], [keep], None if mask is None else [mask])[0]
+                got = sparse.float().clone()
+                got[keep] += shift
+                if allowed is not None:
+                    full, got = full.masked_fill(~allowed, float("-inf")), got.masked_fill(~allowed, float("-inf"))
+                assert int(torch.argmax(got)) == int(torch.argmax(full)), (keep, allowed is None)
+                computed = torch.isfinite(sparse) | (sparse == plain)
+                assert torch.equal(sparse[keep].view(torch.int16), plain[keep].view(torch.int16))
+                assert torch.equal(sparse[computed].view(torch.int16), plain[computed].view(torch.int16))
+                pruned += int(computed.sum()) < V // 8
+                cases += 1
+    assert pruned > cases // 2
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -59,7 +59,7 @@ from fastgemma.engine.model_runner import DecodeRows, ModelRunner, PositionLogpr
 from fastgemma.engine.mtp import MtpProposer
 from fastgemma.engine.ngram import NgramProposer
 from fastgemma.engine.prefix_cache import PrefixCache, media_key
-from fastgemma.engine.sampler import process_logits, sample
+from fastgemma.engine.sampler import changed_ids, process_logits, sample
 from fastgemma.engine.sampling_params import SamplingParams
 from fastgemma.engine.scheduler import Scheduler
 from fastgemma.engine.sequence import Sequence, Status
@@ -248,12 +248,15 @@ class LLMEngine:
                 draft, mask = seq.grammar.verification(draft)
             drafts.append(draft)
             masks.append(mask)
-        batch = [
-            DecodeRows(seq.slot, [seq.last_token_id, *draft], seq.num_tokens - 1,
-                       greedy=seq.params.greedy and seq.params.logprobs is None
-                       and not seq.params.processes_logits_at(len(seq.output_token_ids)), allowed=mask)
-            for seq, draft, mask in zip(seqs, drafts, masks)
-        ]
+        batch = []
+        for seq, draft, mask in zip(seqs, drafts, masks):
+            p, processed = seq.params, seq.params.processes_logits_at(len(seq.output_token_ids))
+            keep = None  # a processed greedy pick: only the ids the processing changes need exact logits
+            if p.greedy and p.logprobs is None and processed:
+                keep = torch.tensor(changed_ids(p, seq.prompt_token_ids, seq.output_token_ids, draft, self.stop_ids(seq)),
+                                    dtype=torch.long)
+            batch.append(DecodeRows(seq.slot, [seq.last_token_id, *draft], seq.num_tokens - 1,
+                                    greedy=p.greedy and p.logprobs is None and not processed, allowed=mask, keep=keep))
         for seq, draft, rows, out in zip(seqs, drafts, batch, self.runner.decode_batch(batch)):
             logits = out.logits  # the model's own (None for greedy rows): logprobs report these
             if rows.greedy:

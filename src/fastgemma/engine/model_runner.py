@@ -68,6 +68,10 @@ class DecodeRows:
     position: int  # of ids[0]
     greedy: bool  # only argmaxes wanted (the lm_head screen may pick them)
     allowed: torch.Tensor | None = None  # [K + 1, W] int32 grammar bitmasks of greedy rows (engine/structured_output.py)
+    # not greedy, but only the argmax of processed logits wanted (penalties, bias, min_tokens;
+    # engine/sampler.py): the ids the processing may change; the logits returned are then
+    # exact there and where the lm_head screen cannot rule out the argmax, -inf elsewhere
+    keep: torch.Tensor | None = None
 
 
 @dataclass
@@ -293,7 +297,7 @@ class ModelRunner:
         masks = [None if batch[i].allowed is None else batch[i].allowed[k] for i, k in (row_of[j] for j in greedy)]
         allowed = masks if any(m is not None for m in masks) else None
         tokens = iter(self.model.greedy_tokens(hidden if not sampled else hidden[greedy], allowed) if greedy else [])
-        logits = self.model.compute_logits(hidden if not greedy else hidden[sampled]) if sampled else None  # [len(sampled), V]
+        logits = self._logits(batch, row_of, hidden, sampled, bool(greedy)) if sampled else None  # [len(sampled), V]
         out, start, done = [], 0, 0
         for r in batch:
             n = len(r.ids)
@@ -304,6 +308,24 @@ class ModelRunner:
                 out.append(DecodeResult(None, logits[done : done + n], h))
                 done += n
         return out
+
+    def _logits(self, batch: list[DecodeRows], row_of: list[tuple[int, int]], hidden: torch.Tensor, sampled: list[int],
+                any_greedy: bool) -> torch.Tensor:
+        """The logits of the rows `sampled` (indices into hidden [rows, D]) -> [len(sampled), V]:
+        full, or screened where the rows' entries ask only for a processed argmax (`keep`)."""
+        entries = [batch[i] for i, _ in (row_of[j] for j in sampled)]
+        kept = [n for n, e in enumerate(entries) if e.keep is not None]
+        if not kept:
+            return self.model.compute_logits(hidden if not any_greedy else hidden[sampled])
+        full = [n for n, e in enumerate(entries) if e.keep is None]
+        grammar = [None if e.allowed is None else e.allowed[row_of[sampled[n]][1]] for n, e in ((n, entries[n]) for n in kept)]
+        screened = self.model.screened_logits(hidden[[sampled[n] for n in kept]], [entries[n].keep for n in kept], grammar)
+        if not full:
+            return screened
+        logits = torch.empty(len(sampled), screened.shape[1], dtype=screened.dtype)
+        logits[kept] = screened
+        logits[full] = self.model.compute_logits(hidden[[sampled[n] for n in full]])
+        return logits
 
     @torch.inference_mode()
     def prompt_logprobs(self, ids: list[int], top: int = 0, slot: int = 0) -> list[PositionLogprob | None]:

@@ -51,6 +51,24 @@ def process_logits(
     return x
 
 
+def changed_ids(
+    params: SamplingParams, prompt_ids: list[int], output_ids: list[int], draft: Sequence[int] = (),
+    stop_ids: Sequence[int] = (),
+) -> list[int]:
+    """The ids whose logits `process_logits` may change in any row of the same call, ascending
+    (every other id keeps its logit): the masked stop ids, the biased ids, and the prompt's,
+    output's and draft's ids under a penalty."""
+    ids = set(params.logit_bias or ())
+    if min(len(draft) + 1, params.min_tokens - len(output_ids)) > 0:
+        ids.update(stop_ids)
+    if params.repetition_penalty != 1.0:
+        ids.update(prompt_ids)
+    if params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
+        ids.update(output_ids)
+        ids.update(draft)
+    return sorted(ids)
+
+
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits: [V] -> the sampling distribution [V] (fp32) after temperature, min-p, top-k, top-p."""
     x = logits.float() / params.temperature

@@ -155,6 +155,7 @@ class LmHeadScreen:
         if self.table is None and not torch.equal(finalize(probe), probe):
             raise ValueError("the lm_head screen needs fp32 logits without post-processing")
         self.last_candidates = 0  # rows recomputed in full precision by the last call
+        self._every_id = pack_bitmask(torch.ones(V, dtype=torch.bool))  # a bitmask allowing every id
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qweight int8 [V, D], scales fp32 [V], coef fp32 [V]): what a cached build restores
@@ -240,6 +241,36 @@ class LmHeadScreen:
         return tokens
 
 
+    def sparse_logits(
+        self, hidden: torch.Tensor, keep: Sequence[torch.Tensor], allowed: Sequence[torch.Tensor | None] | None = None
+    ) -> torch.Tensor:
+        """hidden: [T, D]; keep[t]: distinct ids (int64) whose logits a later step may change (a
+        request's penalties, bias, masked stop ids); allowed[t]: a grammar bitmask or None ->
+        [T, V] logits (weight dtype), exact at keep[t] and at the ids that can be the argmax
+        among the rest (the screen over the allowed ids outside keep[t]), -inf elsewhere: the
+        argmax of any processing that leaves the other ids as they are is the full logits'
+        (an id left out has a lower logit than some unchanged allowed id, ties included, so it
+        is never the pick, nor the lowest of tied picks). A row whose screen finds nothing
+        usable is computed in full."""
+        (V, _), T = self.weight.shape, hidden.shape[0]
+        words = -(-V // 32)
+        screens = []
+        for t in range(T):  # the allowed bits (all V ids, or the grammar's) with keep[t]'s cleared
+            ids = keep[t]
+            clear = torch.zeros(words, dtype=torch.int64).index_add_(0, ids >> 5, torch.ones_like(ids) << (ids & 31))
+            base = self._every_id if allowed is None or allowed[t] is None else allowed[t]
+            screens.append(base & ~torch.where(clear >= 2**31, clear - 2**32, clear).to(torch.int32))
+        out = torch.full((T, V), float("-inf"), dtype=self.weight.dtype)
+        for t, screened in enumerate(self.bounds(hidden, screens, with_err=False)):
+            row = hidden[t : t + 1]
+            if screened.count <= 0 or screened.count > V // 8:
+                out[t] = self.finalize(linear(row, self.weight, True))[0]
+                continue
+            ids = torch.unique(torch.cat([screened.ids, keep[t]]))  # ascending
+            out[t, ids] = self.finalize(linear(row, self.weight.index_select(0, ids), True))[0]
+        return out
+
+
 class ScreenRow(NamedTuple):
     """One hidden state's screen: approximate logits a [V], bound e [V] (None when not
     asked for), the candidate count (-1: not finite) and the candidates' ids ascending."""
@@ -260,6 +291,15 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 [..., W] -> bool [..., vocab_size]: True where a token is allowed."""
     bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     return ((bitmask[..., None] >> bits) & 1).bool().flatten(-2)[..., :vocab_size]
+
+
+def pack_bitmask(mask: torch.Tensor) -> torch.Tensor:
+    """bool [V] -> int32 [ceil(V / 32)] (bit i & 31 of word i >> 5: id i allowed)."""
+    words = -(-mask.shape[0] // 32)
+    bits = torch.zeros(words * 32, dtype=torch.int64)
+    bits[: mask.shape[0]] = mask.to(torch.int64)
+    packed = (bits.view(words, 32) << torch.arange(32)).sum(1)  # [words] in [0, 2^32)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def _bitmask_ptr(bitmask: torch.Tensor, vocab_size: int) -> int:

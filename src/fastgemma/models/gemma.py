@@ -365,6 +365,16 @@ class GemmaForCausalLM(nn.Module):
             logits = torch.stack([row if m is None else masked(row, m) for row, m in zip(logits, allowed)])
         return torch.argmax(logits, dim=-1).tolist()
 
+    def screened_logits(
+        self, hidden: torch.Tensor, keep: list[torch.Tensor], allowed: list[torch.Tensor | None] | None = None
+    ) -> torch.Tensor:
+        """[T, D] -> [T, V] logits enough for the argmax after a processing that changes only
+        the ids keep[t] (LmHeadScreen.sparse_logits: exact there and at the screen's
+        candidates, -inf elsewhere) when the screen is on; else compute_logits(hidden)."""
+        if self.lm_head_screen is not None and hidden.device.type == "cpu" and hidden.shape[0] <= NATIVE_MAX_ROWS:
+            return self.lm_head_screen.sparse_logits(hidden, keep, allowed)
+        return self.compute_logits(hidden)
+
     def finalize_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Softcap tanh(x / cap) * cap in the logits' dtype; identity without a cap. For bf16
         it is a lookup in the table of its value at every bf16 number, so that each logit's
