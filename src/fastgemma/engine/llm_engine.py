@@ -17,9 +17,11 @@ outside the grammar; each emitted token advances the grammar, and a complete gra
 the sequence ("stop"). Logprobs stay the model's own (vLLM's raw logprobs).
 
 Logits processing (penalties, logit_bias, min_tokens; engine/sampler.py `process_logits`):
-such a row is picked from its full logits processed for its sequence, row i of a
-verification as if draft[:i] were already emitted; greedy rows of other sequences keep the
-screen.
+such a row is picked from its logits processed for its sequence, row i of a verification as
+if draft[:i] were already emitted. A greedy one (no logprobs) asks the runner only for what
+that argmax needs (`DecodeRows.keep`: the ids the processing may change, `changed_ids`):
+exact logits there, the lm_head screen's for the rest (kernels/lm_head_screen.py
+`sparse_logits`), so it keeps the screen's speed and the full logits' pick.
 
 Choices (SamplingParams.n, vLLM's parallel sampling): `add_choices` queues n sequences of one
 prompt, choice i with `params.for_choice(i)`. The first computes the prompt; the others are

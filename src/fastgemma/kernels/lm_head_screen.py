@@ -240,7 +240,6 @@ class LmHeadScreen:
             tokens.append(int(candidates[torch.argmax(exact)]))
         return tokens
 
-
     def sparse_logits(
         self, hidden: torch.Tensor, keep: Sequence[torch.Tensor], allowed: Sequence[torch.Tensor | None] | None = None
     ) -> torch.Tensor:
