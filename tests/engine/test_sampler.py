@@ -109,6 +109,12 @@ def test_changed_ids_are_every_id_processing_changes(extra):
     if extra.get("repetition_penalty", 1.0) != 1.0:
         assert set(prompt + output + draft) <= set(changed)
     assert set(changed) <= set(prompt + output + draft + stop + list(params.logit_bias or ()))
+    # processed on some columns only (the screened greedy pick, engine/llm_engine.py): the same numbers there
+    full = process_logits(logits, params, prompt, output, draft, stop)
+    for columns in (torch.tensor(changed + [47]), torch.arange(0, 48, 3), torch.tensor([], dtype=torch.long)):
+        columns = columns.unique()
+        part = process_logits(logits[:, columns], params, prompt, output, draft, stop, columns=columns)
+        assert torch.equal(part, full[:, columns])
 
 
 def test_min_p_drops_tokens_below_its_share_of_the_top_probability():

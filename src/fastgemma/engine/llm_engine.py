@@ -68,7 +68,7 @@ from fastgemma.engine.sequence import Sequence, Status
 from fastgemma.engine.speculative import SpecStats, accept_greedy, accept_sampled
 from fastgemma.engine.structured_output import GrammarCompiler
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS
-from fastgemma.kernels.lm_head_screen import masked
+from fastgemma.kernels.lm_head_screen import masked, unpack_bitmask
 from fastgemma.models.towers import MultimodalInputs
 
 
@@ -263,6 +263,8 @@ class LLMEngine:
             logits = out.logits  # the model's own (None for greedy rows): logprobs report these
             if rows.greedy:
                 tokens = accept_greedy(draft, out.tokens)
+            elif rows.keep is not None:  # screened logits: the processed argmax over the ids computed
+                tokens = accept_greedy(draft, self.screened_picks(seq, draft, logits, rows.allowed))
             else:
                 pick = logits
                 if seq.params.processes_logits_at(len(seq.output_token_ids)):  # row i follows the output and draft[:i]
@@ -278,6 +280,28 @@ class LLMEngine:
             seq.target_hidden = out.hidden[len(tokens) - 1]
             self.postprocess(seq, tokens, logits)
             seq.num_computed_tokens = seq.num_tokens - 1
+
+    def screened_picks(self, seq: Sequence, draft: list[int], logits: torch.Tensor,
+                       allowed: torch.Tensor | None) -> list[int]:
+        """The greedy picks of processed logits [R, V] that are exact where finite and -inf
+        where the screen ruled an id out (runner: DecodeRows.keep): processed for the ids
+        computed in some row only (the same numbers); a row whose processed maximum is -inf
+        (nothing allowed is finite) is processed in full, as the plain path would."""
+        V = logits.shape[1]
+        cols = torch.isfinite(logits).any(0).nonzero()[:, 0]  # ascending
+        args = (seq.params, seq.prompt_token_ids, seq.output_token_ids, draft, self.stop_ids(seq))
+        sub = process_logits(logits[:, cols], *args, columns=cols)
+        if allowed is not None:
+            sub = sub.masked_fill(~unpack_bitmask(allowed, V)[:, cols], float("-inf"))
+        best = sub.max(dim=1).values if cols.numel() else torch.full((logits.shape[0],), float("-inf"))
+        picks = []
+        for i in range(logits.shape[0]):
+            if best[i] > float("-inf"):
+                picks.append(int(cols[torch.argmax(sub[i])]))
+                continue
+            row = process_logits(logits, *args)[i]  # the plain path's pick over everything
+            picks.append(int(torch.argmax(row if allowed is None else masked(row[None], allowed[i : i + 1])[0])))
+        return picks
 
     def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[PositionLogprob | None]:
         """Score a prompt (runner.prompt_logprobs) in a free cache slot, never a running

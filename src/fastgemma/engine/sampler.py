@@ -26,23 +26,41 @@ def process_logits(
     output_ids: list[int],
     draft: Sequence[int] = (),
     stop_ids: Sequence[int] = (),
+    columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The logits the pick reads [R, V] fp32: the stop ids (end-of-sequence unless ignored,
-    stop_token_ids) at -inf in the rows before min_tokens, bias, penalties (module docstring)."""
+    stop_token_ids) at -inf in the rows before min_tokens, bias, penalties (module docstring).
+    With `columns` (ids ascending [C]), logits [R, C] are those ids' entries and so is the
+    result: the same numbers, computed for those ids only."""
     R, V = logits.shape
     x = logits.float().clone()
+    dev = x.device
+
+    def at(ids: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions in x's columns, which of ids are there) for token ids."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=dev)
+        if columns is None:
+            return ids, torch.ones_like(ids, dtype=torch.bool)
+        pos = torch.searchsorted(columns, ids).clamp(max=max(V - 1, 0))
+        return pos, columns[pos] == ids if V else torch.zeros_like(ids, dtype=torch.bool)
+
     short = min(R, params.min_tokens - len(output_ids))  # rows still before min_tokens
     if short > 0 and stop_ids:
-        x[:short, torch.tensor(list(stop_ids), device=x.device)] = float("-inf")
+        pos, there = at(list(stop_ids))
+        x[:short, pos[there]] = float("-inf")
     if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), device=x.device)
-        x[:, ids] += torch.tensor(list(params.logit_bias.values()), dtype=x.dtype, device=x.device)
-    tokens = torch.tensor([*output_ids, *draft], dtype=torch.long, device=x.device)
-    seen_in_prompt = torch.zeros(V, dtype=torch.bool, device=x.device)
+        pos, there = at(list(params.logit_bias))
+        x[:, pos[there]] += torch.tensor(list(params.logit_bias.values()), dtype=x.dtype, device=dev)[there]
+    tokens = torch.tensor([*output_ids, *draft], dtype=torch.long, device=dev)
+    seen_in_prompt = torch.zeros(V, dtype=torch.bool, device=dev)
     if params.repetition_penalty != 1.0:
-        seen_in_prompt[torch.tensor(prompt_ids, dtype=torch.long, device=x.device)] = True
+        pos, there = at(prompt_ids)
+        seen_in_prompt[pos[there]] = True
     for i in range(R):
-        counts = torch.bincount(tokens[: len(output_ids) + i], minlength=V).to(x.dtype)  # [V]
+        if columns is None:
+            counts = torch.bincount(tokens[: len(output_ids) + i], minlength=V).to(x.dtype)  # [V]
+        else:
+            counts = (tokens[: len(output_ids) + i, None] == columns[None, :]).sum(0).to(x.dtype)  # [C]
         row = x[i]
         if params.repetition_penalty != 1.0:
             r = torch.where(seen_in_prompt | (counts > 0), params.repetition_penalty, 1.0)
