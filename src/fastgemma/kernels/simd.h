@@ -11,9 +11,9 @@
 
 /* Where a block of weights is applied to three or more inputs (a batched decode step), its
  * loop consumes the stream several times slower and a hint 2 KiB ahead lands too late to
- * hide the memory's latency: those loops prefetch into L2 (`_MM_HINT_T1`) this far ahead
- * instead (8 rows: bf16 body 12.2 -> 11.0 ms, int8 lm_head screen 8.4 -> 6.8 ms here; 4 rows:
- * 10.0 -> 7.8 / 7.7 -> 6.4 ms). Prefetches change no result. */
+ * hide the memory's latency (the loops stalled on the weight loads): those loops prefetch
+ * into L2 (`_MM_HINT_T1`) this far ahead instead (benchmarks/batched_kernels.py, 8 rows: the
+ * int8 lm_head screen 8.7-9.6 -> 4.5-4.8 ms). Prefetches change no result. */
 #define PREFETCH_FAR_BYTES 8192
 
 /* The four row sums of acc[0..3] (8 lanes each) as one vector [s0, s1, s2, s3]. */
