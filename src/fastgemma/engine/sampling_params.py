@@ -9,9 +9,10 @@ Logits processing, vLLM's fields and meanings (engine/sampler.py `process_logits
 penalties over the tokens generated so far (presence, frequency) and over the prompt's and
 the generated tokens (repetition), `logit_bias`; `min_p` filters the sampling distribution
 (greedy is unaffected); `min_tokens` keeps the stop ids' logits at -inf until that many
-tokens are out (and stop strings unchecked). A request with penalties or a bias needs its
-full logits each step (`processes_logits`), one with min_tokens until it has them, so those
-steps do not take the greedy lm_head screen.
+tokens are out (and stop strings unchecked). A request with penalties or a bias reads
+processed logits each step (`processes_logits`), one with min_tokens until it has them; a
+greedy one still takes the lm_head screen in decode steps (engine/llm_engine.py), its first
+token reads the full logits.
 """
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ class LmHeadScreen:
             ids = keep[t]
             clear = torch.zeros(words, dtype=torch.int64).index_add_(0, ids >> 5, torch.ones_like(ids) << (ids & 31))
             base = self._every_id if allowed is None or allowed[t] is None else allowed[t]
-            screens.append(base & ~torch.where(clear >= 2**31, clear - 2**32, clear).to(torch.int32))
+            screens.append(base & ~_as_words(clear))
         out = torch.full((T, V), float("-inf"), dtype=self.weight.dtype)
         for t, screened in enumerate(self.bounds(hidden, screens, with_err=False)):
             row = hidden[t : t + 1]
@@ -297,8 +297,12 @@ def pack_bitmask(mask: torch.Tensor) -> torch.Tensor:
     words = -(-mask.shape[0] // 32)
     bits = torch.zeros(words * 32, dtype=torch.int64)
     bits[: mask.shape[0]] = mask.to(torch.int64)
-    packed = (bits.view(words, 32) << torch.arange(32)).sum(1)  # [words] in [0, 2^32)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return _as_words((bits.view(words, 32) << torch.arange(32)).sum(1))
+
+
+def _as_words(bits: torch.Tensor) -> torch.Tensor:
+    """int64 [W] of 32-bit patterns in [0, 2^32) -> the same bits as int32 [W]."""
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
 
 
 def _bitmask_ptr(bitmask: torch.Tensor, vocab_size: int) -> int:
