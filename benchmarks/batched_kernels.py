@@ -8,7 +8,9 @@ into this one process; the builds then take turns, 7 rounds, and the medians are
 - body: `gemv_bf16` over the bf16 matrices of the embedded Gemma 3 270M's 18 layers (random
   values of its shapes: qkv, o, gate | up, down), R input rows (ms);
 - screen: the int8 lm_head screen (`LmHeadScreen.bounds`, 262144 x 640, random values), R rows (ms);
-- attention: one `attend_decode_bf16` call (4 query heads, 1 kv head, head dim 256) over S keys (us).
+- attention: one `attend_decode_bf16` call (4 query heads, 1 kv head, head dim 256) over S keys (us);
+- attention, 8 rows: the 8 rows of a batched step, each its own sequence's query over S keys of
+  its own cache (us): one `attend_decode_bf16_rows` call where the build has it, else 8 calls.
 The last line is JSON.
 """
 
@@ -58,7 +60,13 @@ def main() -> None:
     y = torch.empty(16, 2 * I, dtype=torch.bfloat16)
     k_cache, v_cache = (torch.randn(1, max(keys), hd, generator=g).bfloat16() for _ in range(2))
     q, o = torch.randn(4, hd, generator=g).bfloat16(), torch.empty(4, hd, dtype=torch.bfloat16)
-    scratch = torch.empty(4 * (max(keys) + hd))
+    scratch = torch.empty(8 * 4 * (max(keys) + hd))
+    R = 8
+    kr, vr = (torch.randn(R, max(keys), hd, generator=g).bfloat16() for _ in range(2))
+    qr, orows = torch.randn(R, 4, hd, generator=g).bfloat16(), torch.empty(R, 4, hd, dtype=torch.bfloat16)
+    ptrs = {name: (ctypes.c_void_p * R)(*[b.data_ptr() + i * b.stride(0) * 2 for i in range(R)])
+            for name, b in (("k", kr), ("v", vr))}
+    zeros = (ctypes.c_int64 * R)()
 
     def body(lib, r):
         for w in weights:
@@ -68,6 +76,16 @@ def main() -> None:
     def attention(lib, s):
         lib.attend_decode_bf16(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), 4, 1, s, 0,
                                max(keys), hd, ctypes.c_float(hd**-0.5), scratch.data_ptr())
+
+    def attention_rows(lib, s):
+        S = (ctypes.c_int64 * R)(*[s] * R)
+        if hasattr(lib, "attend_decode_bf16_rows"):
+            lib.attend_decode_bf16_rows(qr.data_ptr(), 4 * hd, ptrs["k"], ptrs["v"], orows.data_ptr(), 4 * hd, S, zeros,
+                                        R, 4, 1, max(keys), hd, ctypes.c_float(hd**-0.5), scratch.data_ptr())
+        else:
+            for i in range(R):
+                lib.attend_decode_bf16(qr[i].data_ptr(), ptrs["k"][i], ptrs["v"][i], orows[i].data_ptr(), 4, 1, s, 0,
+                                       max(keys), hd, ctypes.c_float(hd**-0.5), scratch.data_ptr())
 
     def timed(fn, repeats):
         fn()
@@ -86,6 +104,8 @@ def main() -> None:
                     1e3 * timed(lambda r=r: screen.bounds(hs[r], with_err=False), 5))
             for s in keys:
                 samples.setdefault((i, "attention", s), []).append(1e6 * timed(lambda lib=lib, s=s: attention(lib, s), 200))
+                samples.setdefault((i, "attention8", s), []).append(
+                    1e6 * timed(lambda lib=lib, s=s: attention_rows(lib, s), 50))
     med = {k: statistics.median(v) for k, v in samples.items()}
     names = [str(d) for d in dirs]
     for i, name in enumerate(names):
@@ -93,12 +113,13 @@ def main() -> None:
         print("rows  body ms  screen ms")
         for r in rows:
             print(f"{r:4d} {med[(i, 'body', r)]:8.2f} {med[(i, 'screen', r)]:10.2f}")
-        print("keys  attention us")
+        print("keys  attention us  8 rows us")
         for s in keys:
-            print(f"{s:4d} {med[(i, 'attention', s)]:13.1f}")
+            print(f"{s:4d} {med[(i, 'attention', s)]:13.1f} {med[(i, 'attention8', s)]:10.1f}")
     print(json.dumps([{"kernels": name, "body_ms": {r: med[(i, "body", r)] for r in rows},
                        "screen_ms": {r: med[(i, "screen", r)] for r in rows},
-                       "attention_us": {s: med[(i, "attention", s)] for s in keys}} for i, name in enumerate(names)]))
+                       "attention_us": {s: med[(i, "attention", s)] for s in keys},
+                       "attention_8_rows_us": {s: med[(i, "attention8", s)] for s in keys}} for i, name in enumerate(names)]))
 
 
 if __name__ == "__main__":

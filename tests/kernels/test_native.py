@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fastgemma.kernels import native
-from fastgemma.kernels.attention import _torch_attend, attend_decode
+from fastgemma.kernels.attention import _torch_attend, attend_decode, attend_decode_rows
 from fastgemma.kernels.linear import NATIVE_MAX_ROWS, linear
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels unavailable: {native.status()}")
@@ -81,6 +81,23 @@ def test_decode_attention(dtype, tol, H, Hkv, hd, S):
     # position order makes the result independent of where the keys sit
     shifted_k, shifted_v = torch.roll(k, 5, dims=1), torch.roll(v, 5, dims=1)
     assert torch.equal(attend_decode(q, shifted_k, shifted_v, S, (first + 5) % slots, 0.1), got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,Hkv,hd", [(4, 1, 256), (8, 1, 64), (6, 2, 16)])
+def test_decode_attention_rows_are_row_invariant(dtype, H, Hkv, hd):
+    """A batched step's rows in one call: each row, over its own sequence's buffers, has the
+    bits it gets alone, whatever the other rows' lengths, rings and sequences."""
+    g = torch.Generator().manual_seed(H + hd)
+    slots = 300
+    pool_k = torch.randn(3, Hkv, slots, hd, generator=g).to(dtype)  # 3 sequences' buffers
+    pool_v = torch.randn(3, Hkv, slots, hd, generator=g).to(dtype)
+    seq, S, first = [2, 0, 2, 1, 0], [1, 299, 37, 120, 3], [0, 0, 290, 17, 296]  # rows 0, 2: one sequence
+    q = torch.randn(H, len(seq), hd, generator=g).to(dtype)
+    got = attend_decode_rows(q, [pool_k[i] for i in seq], [pool_v[i] for i in seq], S, first, 0.1)
+    for t, i in enumerate(seq):
+        alone = attend_decode(q[:, t : t + 1], pool_k[i], pool_v[i], S[t], first[t], 0.1)
+        assert torch.equal(got[:, t : t + 1], alone), t
 
 
 def test_bandwidth_probe_reads():

@@ -1,4 +1,4 @@
-/* Single-query attention (batch-1 decode) over a static KV cache, on x86-64 with AVX-512
+/* Single-query attention (decode) over a static KV cache, on x86-64 with AVX-512
  * (16 lanes, hd % 16 == 0) or AVX2 + FMA (8 lanes, hd % 8 == 0), whichever the library is
  * built for.
  *
@@ -10,7 +10,8 @@
  * slot (first + j) mod slots: the visible keys in position order, whether the cache is a
  * flat buffer (first = 0) or a ring that has wrapped (models/kv_cache.py). Summing in
  * position order makes the result independent of the ring's size, so a cache with spare
- * ring slots (speculative decoding) gives the plain path's bits. One query per call.
+ * ring slots (speculative decoding) gives the plain path's bits. One query a row; a call
+ * takes one row (`attend_decode_*`) or the rows of a batched step (`attend_decode_*_rows`).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -48,34 +49,50 @@ static inline float VSUM(__m256 a) {
 #define ld_bf16 widen_bf16x8
 #endif
 
-/* The heads of one kv head are taken together, so that each key / value vector is loaded
- * (and widened) once for all of them, and the work is split across threads by keys (scores)
- * and by lanes of d (output) rather than by heads (a model may have a single kv head):
+/* n rows in one call (a batched decode step: each row its own sequence's query over its own
+ * keys). Row t: query q + t q_stride ([H, hd]), its sequence's cache buffers k[t], v[t]
+ * ([Hkv, slots, hd]), S[t] visible keys from slot first[t], output o + t o_stride.
+ * The heads of one kv head are taken together, so that each key / value vector is loaded
+ * (and widened) once for all of them, and the work of all rows is split across threads by
+ * keys (scores) and by lanes of d (output) rather than by heads (a model may have a single
+ * kv head), with one barrier a phase for the whole call:
  *   1. scores, blocks of 4 keys x up to 4 heads: 16 independent FMA chains, each over d in
  *      order (one chain per key is bound by the FMA's latency);
  *   2. per head: max, exp and their sum in key order;
  *   3. output tiles of ATTN_TILE vectors of d x up to 4 heads, each lane summed over the keys
  *      in position order.
- * Every number is formed by the same operations in the same order as one head, one key and
- * one lane at a time, so the result has the same bits whatever the split. */
+ * Every number is formed by the same operations in the same order as one row, one head, one
+ * key and one lane at a time, so a row's result has the same bits whatever the split and
+ * whatever other rows share the call. */
 #define ATTN_TILE 4
-#define ATTN_SLOT(j) (first + (j) < slots ? first + (j) : first + (j) - slots)
+#define ATTN_SLOT(j) (first_t + (j) < slots ? first_t + (j) : first_t + (j) - slots)
 #define DEFINE_ATTN(NAME, T, LOAD)                                                              \
-void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int64_t S,          \
-          int64_t first, int64_t slots, int64_t hd, float scaling, float *scratch) {            \
-    /* scratch: H * (S + hd) floats: head h's scores (then exps) and output sums */             \
-    const int64_t G = H / Hkv, head_stride = slots * hd, key_blocks = (S + 3) / 4;              \
+void NAME##_rows(const T *q, int64_t q_stride, const T *const *k, const T *const *v, T *o,      \
+                 int64_t o_stride, const int64_t *S, const int64_t *first, int64_t n, int64_t H, \
+                 int64_t Hkv, int64_t slots, int64_t hd, float scaling, float *scratch) {       \
+    /* scratch: sum over rows of H * (S[t] + hd) floats: head h's scores (then exps) and output sums */ \
+    const int64_t G = H / Hkv, head_stride = slots * hd;                                        \
     const int64_t tile = hd % (ATTN_TILE * LANES) == 0 ? ATTN_TILE : 1, tiles = hd / (tile * LANES); \
-    float inv[H];                                                                               \
+    int64_t blocks[n + 1], base[n + 1];  /* before row t: phase-1 items, scratch floats */      \
+    blocks[0] = base[0] = 0;                                                                    \
+    for (int64_t t = 0; t < n; t++) {                                                           \
+        blocks[t + 1] = blocks[t] + Hkv * ((S[t] + 3) / 4);                                     \
+        base[t + 1] = base[t] + H * (S[t] + hd);                                                \
+    }                                                                                           \
+    float inv[n * H];                                                                           \
     _Pragma("omp parallel")                                                                     \
     {                                                                                           \
         _Pragma("omp for schedule(static)")                                                     \
-        for (int64_t item = 0; item < Hkv * key_blocks; item++) {  /* 1. scores */              \
-            const int64_t g = item / key_blocks, j0 = (item % key_blocks) * 4;                  \
-            const int64_t nk = S - j0 < 4 ? S - j0 : 4;                                         \
-            const T *kj[4];                                                                     \
+        for (int64_t item = 0; item < blocks[n]; item++) {  /* 1. scores */                     \
+            int64_t t = 0;                                                                      \
+            while (item >= blocks[t + 1]) t++;                                                  \
+            const int64_t S_t = S[t], first_t = first[t], key_blocks = (S_t + 3) / 4;           \
+            const int64_t g = (item - blocks[t]) / key_blocks, j0 = ((item - blocks[t]) % key_blocks) * 4; \
+            const int64_t nk = S_t - j0 < 4 ? S_t - j0 : 4;                                     \
+            const T *qt = q + t * q_stride, *kj[4];                                             \
+            float *st = scratch + base[t];                                                      \
             for (int64_t i = 0; i < 4; i++)                                                     \
-                kj[i] = k + g * head_stride + ATTN_SLOT(j0 + (i < nk ? i : 0)) * hd;            \
+                kj[i] = k[t] + g * head_stride + ATTN_SLOT(j0 + (i < nk ? i : 0)) * hd;         \
             for (int64_t h0 = g * G; h0 < (g + 1) * G; h0 += 4) {                               \
                 const int64_t nh = (g + 1) * G - h0 < 4 ? (g + 1) * G - h0 : 4;                 \
                 VEC a[4][4];  /* [head][key] */                                                 \
@@ -85,58 +102,66 @@ void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int6
                     const VEC k2 = LOAD(kj[2] + d), k3 = LOAD(kj[3] + d);                       \
                     for (int i = 0; i < 4; i++) {                                               \
                         if (i >= nh) break;                                                     \
-                        const VEC qd = LOAD(q + (h0 + i) * hd + d);                             \
+                        const VEC qd = LOAD(qt + (h0 + i) * hd + d);                            \
                         a[i][0] = VFMA(qd, k0, a[i][0]), a[i][1] = VFMA(qd, k1, a[i][1]);       \
                         a[i][2] = VFMA(qd, k2, a[i][2]), a[i][3] = VFMA(qd, k3, a[i][3]);       \
                     }                                                                           \
                 }                                                                               \
                 for (int64_t i = 0; i < nh; i++)                                                \
-                    for (int64_t u = 0; u < nk; u++) scratch[(h0 + i) * (S + hd) + j0 + u] = VSUM(a[i][u]) * scaling; \
+                    for (int64_t u = 0; u < nk; u++) st[(h0 + i) * (S_t + hd) + j0 + u] = VSUM(a[i][u]) * scaling; \
             }                                                                                   \
         }                                                                                       \
         _Pragma("omp for schedule(static)")                                                     \
-        for (int64_t h = 0; h < H; h++) {  /* 2. softmax's exps and sum, in key order */        \
-            float *s = scratch + h * (S + hd), m = -INFINITY, total = 0.f;                      \
-            for (int64_t j = 0; j < S; j++) if (s[j] > m) m = s[j];                             \
-            for (int64_t j = 0; j < S; j++) { s[j] = expf(s[j] - m); total += s[j]; }           \
-            inv[h] = 1.f / total;                                                               \
+        for (int64_t item = 0; item < n * H; item++) {  /* 2. softmax's exps and sum, in key order */ \
+            const int64_t t = item / H, h = item % H, S_t = S[t];                               \
+            float *s = scratch + base[t] + h * (S_t + hd), m = -INFINITY, total = 0.f;          \
+            for (int64_t j = 0; j < S_t; j++) if (s[j] > m) m = s[j];                           \
+            for (int64_t j = 0; j < S_t; j++) { s[j] = expf(s[j] - m); total += s[j]; }         \
+            inv[item] = 1.f / total;                                                            \
         }                                                                                       \
         _Pragma("omp for schedule(static)")                                                     \
-        for (int64_t item = 0; item < Hkv * tiles; item++) {  /* 3. outputs */                  \
-            const int64_t g = item / tiles, d0 = (item % tiles) * tile * LANES;                 \
-            const T *vg = v + g * head_stride + d0;                                             \
+        for (int64_t item = 0; item < n * Hkv * tiles; item++) {  /* 3. outputs */              \
+            const int64_t t = item / (Hkv * tiles), g = item / tiles % Hkv;                     \
+            const int64_t d0 = (item % tiles) * tile * LANES, S_t = S[t], first_t = first[t];   \
+            const T *vg = v[t] + g * head_stride + d0;                                          \
+            const float *st = scratch + base[t], *inv_t = inv + t * H;                          \
             for (int64_t h0 = g * G; h0 < (g + 1) * G; h0 += 4) {                               \
                 const int64_t nh = (g + 1) * G - h0 < 4 ? (g + 1) * G - h0 : 4;                 \
-                VEC t[4][ATTN_TILE];  /* [head][vector] */                                      \
-                for (int i = 0; i < 4; i++) for (int r = 0; r < ATTN_TILE; r++) t[i][r] = VZERO(); \
+                VEC acc[4][ATTN_TILE];  /* [head][vector] */                                    \
+                for (int i = 0; i < 4; i++) for (int r = 0; r < ATTN_TILE; r++) acc[i][r] = VZERO(); \
                 if (tile == ATTN_TILE) {                                                        \
-                    for (int64_t j = 0; j < S; j++) {                                           \
+                    for (int64_t j = 0; j < S_t; j++) {                                         \
                         const T *vj = vg + ATTN_SLOT(j) * hd;                                   \
                         VEC x[ATTN_TILE];                                                       \
                         for (int r = 0; r < ATTN_TILE; r++) x[r] = LOAD(vj + r * LANES);        \
                         for (int i = 0; i < 4; i++) {                                           \
                             if (i >= nh) break;                                                 \
-                            const VEC p = VSET1(scratch[(h0 + i) * (S + hd) + j] * inv[h0 + i]); \
-                            for (int r = 0; r < ATTN_TILE; r++) t[i][r] = VFMA(p, x[r], t[i][r]); \
+                            const VEC p = VSET1(st[(h0 + i) * (S_t + hd) + j] * inv_t[h0 + i]); \
+                            for (int r = 0; r < ATTN_TILE; r++) acc[i][r] = VFMA(p, x[r], acc[i][r]); \
                         }                                                                       \
                     }                                                                           \
                 } else {                                                                        \
-                    for (int64_t j = 0; j < S; j++) {                                           \
+                    for (int64_t j = 0; j < S_t; j++) {                                         \
                         const VEC x = LOAD(vg + ATTN_SLOT(j) * hd);                             \
                         for (int i = 0; i < 4; i++) {                                           \
                             if (i >= nh) break;                                                 \
-                            t[i][0] = VFMA(VSET1(scratch[(h0 + i) * (S + hd) + j] * inv[h0 + i]), x, t[i][0]); \
+                            acc[i][0] = VFMA(VSET1(st[(h0 + i) * (S_t + hd) + j] * inv_t[h0 + i]), x, acc[i][0]); \
                         }                                                                       \
                     }                                                                           \
                 }                                                                               \
                 for (int64_t i = 0; i < nh; i++) {                                              \
-                    float *sums = scratch + (h0 + i) * (S + hd) + S + d0;                       \
-                    for (int r = 0; r < tile; r++) VSTOREF(sums + r * LANES, t[i][r]);          \
-                    STORE_##T(o + (h0 + i) * hd + d0, sums, tile * LANES);                      \
+                    float *sums = scratch + base[t] + (h0 + i) * (S_t + hd) + S_t + d0;         \
+                    for (int r = 0; r < tile; r++) VSTOREF(sums + r * LANES, acc[i][r]);        \
+                    STORE_##T(o + t * o_stride + (h0 + i) * hd + d0, sums, tile * LANES);       \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
     }                                                                                           \
+}                                                                                               \
+/* One row (the per-op path): q, o [H, hd]; k, v one sequence's buffers. */                    \
+void NAME(const T *q, const T *k, const T *v, T *o, int64_t H, int64_t Hkv, int64_t S,          \
+          int64_t first, int64_t slots, int64_t hd, float scaling, float *scratch) {            \
+    NAME##_rows(q, 0, &k, &v, o, 0, &S, &first, 1, H, Hkv, slots, hd, scaling, scratch);        \
 }
 
 #define STORE_float(dst, acc, hd) for (int64_t d = 0; d < (hd); d++) (dst)[d] = (acc)[d]

@@ -41,9 +41,10 @@ void gguf_gemv(int type, const uint8_t *W, const float *x, void *y, int64_t M, i
                int out_f32);
 int64_t gguf_row_bytes(int type, int64_t K);
 void rms_norm_bf16(const uint16_t *x, const float *scale, uint16_t *y, int64_t rows, int64_t D, float eps);
-void attend_decode_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, int64_t H,
-                        int64_t Hkv, int64_t S, int64_t first, int64_t slots, int64_t hd, float scaling,
-                        float *scratch);
+void attend_decode_bf16_rows(const uint16_t *q, int64_t q_stride, const uint16_t *const *k,
+                             const uint16_t *const *v, uint16_t *o, int64_t o_stride, const int64_t *S,
+                             const int64_t *first, int64_t n, int64_t H, int64_t Hkv, int64_t slots, int64_t hd,
+                             float scaling, float *scratch);
 
 enum { MAT_BF16 = 0, MAT_Q8 = 1, MAT_Q4 = 2, MAT_GGUF = 3 };
 
@@ -140,7 +141,7 @@ static inline void visible_keys(const GemmaLayer *L, int64_t p, int64_t *S, int6
 }
 
 /* h: [T, D] in place. buf: bf16 scratch of T (max(2I, (H + 2 Hkv) hd) + H hd + 2 D + P);
- * fbuf: fp32 scratch of H * (S + hd); xf: fp32 scratch of T times the widest matrix input. */
+ * fbuf: fp32 scratch of T H (S + hd), S the most keys a row sees; xf: fp32 scratch of T times the widest matrix input. */
 static void layer_forward(const GemmaLayer *L, uint16_t *h, int64_t T, const int64_t *pos, const int64_t *seq,
                           uint16_t *buf, float *fbuf, float *xf) {
     const int64_t D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, I = L->I, P = L->P;
@@ -167,12 +168,13 @@ static void layer_forward(const GemmaLayer *L, uint16_t *h, int64_t T, const int
             memcpy(vc + (g * L->slots + slot) * hd, v + g * hd, (size_t)hd * 2);
         }
     }
+    int64_t S[T], first[T];
+    const uint16_t *kr[T], *vr[T];
     for (int64_t t = 0; t < T; t++) {
-        int64_t S, first;
-        visible_keys(L, pos[t], &S, &first);
-        attend_decode_bf16(wide + t * qkv_n, L->k_cache + seq[t] * L->seq_stride, L->v_cache + seq[t] * L->seq_stride,
-                           attn + t * H * hd, H, Hkv, S, first, L->slots, hd, L->scaling, fbuf);
+        visible_keys(L, pos[t], &S[t], &first[t]);
+        kr[t] = L->k_cache + seq[t] * L->seq_stride, vr[t] = L->v_cache + seq[t] * L->seq_stride;
     }
+    attend_decode_bf16_rows(wide, qkv_n, kr, vr, attn, H * hd, S, first, T, H, Hkv, L->slots, hd, L->scaling, fbuf);
     matvec(&L->w_o, attn, o, T, D, H * hd, xf);
     rms_norm_bf16(o, L->n_post_attn, o, T, D, L->eps);
     for (int64_t d = 0; d < T * D; d++) h[d] = badd(h[d], o[d]);

@@ -95,7 +95,8 @@ class NativeDecodeLayers:
         D, P, T = spec.hidden_size, spec.per_layer_input_size, max_tokens
         self.buf = torch.empty(T * (D + widest + max_hd_h + D + max(P, 1)), dtype=torch.bfloat16)
         self.max_keys = max(cache.k[i].shape[1] for i in cache.k)
-        self.fbuf = torch.empty(spec.num_heads * (self.max_keys + max(l.head_dim for l in spec.layers)))
+        # attention scratch, every row's scores and sums (pages touched only as far as the rows' keys reach)
+        self.fbuf = torch.empty(T * spec.num_heads * (self.max_keys + max(l.head_dim for l in spec.layers)))
         widest_input = max(max(D, l.intermediate_size, spec.num_heads * l.head_dim) for l in spec.layers)
         self.xf = torch.empty(T * max(widest_input, P))
         for i, (layer, s) in enumerate(zip(model.layers, spec.layers)):

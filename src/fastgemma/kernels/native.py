@@ -88,6 +88,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.stream_read_f32.restype = ctypes.c_float
     attn_args = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr]  # q k v o H Hkv S first slots hd
     lib.attend_decode_bf16.argtypes = lib.attend_decode_f32.argtypes = attn_args
+    # rows: q q_stride k[] v[] o o_stride S[] first[] n H Hkv slots hd scaling scratch
+    rows_args = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr]
+    for fn in (getattr(lib, n, None) for n in ("attend_decode_bf16_rows", "attend_decode_f32_rows")):
+        if fn is not None:  # (absent from an older commit's build, which benchmarks/batched_kernels.py loads)
+            fn.argtypes, fn.restype = rows_args, None
     lib.rms_norm_bf16.argtypes = lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.gemma_decode_layers_bf16.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr]
     lib.screen_select.argtypes = [ptr, ptr, ctypes.c_float, i64, ctypes.c_int, ptr, ptr, ptr, ptr]

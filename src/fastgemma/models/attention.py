@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgemma import kernels
-from fastgemma.kernels.attention import attend_decode
+from fastgemma.kernels.attention import attend_decode_rows
 from fastgemma.kernels.linear import Linear
 from fastgemma.models.kv_cache import AttentionMetadata, KVCache
 from fastgemma.models.layers import RMSNorm, apply_rope
@@ -92,13 +92,9 @@ class Attention(nn.Module):
             if not self.kv_shared:
                 for t in range(T):
                     caches[t].write_row(self.layer_idx, k[:, t], v[:, t], positions[t])
-            rows = []
-            for t in range(T):
-                c = caches[t]
-                S, first = c.visible_keys(self.is_sliding, positions[t])
-                rows.append(attend_decode(q[:, t : t + 1], c.k[self.kv_source], c.v[self.kv_source], S, first,
-                                          self.scaling))
-            out = torch.cat(rows, dim=1) if T > 1 else rows[0]  # [H, T, hd]
+            S, first = zip(*(c.visible_keys(self.is_sliding, p) for c, p in zip(caches, positions)))
+            out = attend_decode_rows(q, [c.k[self.kv_source] for c in caches], [c.v[self.kv_source] for c in caches],
+                                     list(S), list(first), self.scaling)  # [H, T, hd]
             keys = values = None  # per sequence: a KV-shared layer reads its source from the cache
         else:
             if self.kv_shared:
