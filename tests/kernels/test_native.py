@@ -120,3 +120,15 @@ def test_rms_norm(dtype, tol, with_scale):
     got = native_rms_norm(x, norm.scale, 1e-6)
     assert got.dtype == dtype and got.shape == x.shape
     assert ((got.float() - ref.float()).abs() <= tol * ref.float().abs().clamp(min=1)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_rows_are_row_invariant(dtype):
+    """A prompt-sized call (its rows split over the threads) gives each row the bits it gets alone."""
+    from fastgemma.kernels.norm import native_rms_norm
+
+    scale = torch.rand(256) * 2
+    x = (torch.randn(700, 256) * 5).to(dtype)  # 179200 values: past the threads' threshold
+    got = native_rms_norm(x, scale, 1e-6)
+    for r in (0, 1, 350, 699):
+        assert torch.equal(got[r : r + 1], native_rms_norm(x[r : r + 1], scale, 1e-6)), r

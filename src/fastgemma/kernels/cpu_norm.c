@@ -1,5 +1,6 @@
-/* RMSNorm rows for decode (plain C, vectorised by the compiler), replacing eight small torch ops,
- * and fp32 GELU for decode rows.
+/* RMSNorm rows (plain C, vectorised by the compiler), replacing eight small torch ops, and
+ * fp32 GELU for decode rows. A row's result depends on that row only (a prompt's rows are
+ * split over the threads).
  *
  * y = x * rsqrt(mean(x^2) + eps) * scale   (scale optional; statistics and products in fp32,
  * y rounded to x's dtype), for `rows` contiguous rows of D values. Same maths as
@@ -11,8 +12,10 @@
 
 #include "bf16.h"
 
+#define NORM_PARALLEL_MIN 32768  /* values in a call from which the rows are split over the threads */
 #define DEFINE_NORM(NAME, T, TO_F32, FROM_F32)                                                  \
 void NAME(const T *x, const float *scale, T *y, int64_t rows, int64_t D, float eps) {          \
+    _Pragma("omp parallel for schedule(static) if (rows * D >= NORM_PARALLEL_MIN)")             \
     for (int64_t r = 0; r < rows; r++) {                                                        \
         const T *xr = x + r * D;                                                                \
         T *yr = y + r * D;                                                                      \

@@ -118,9 +118,12 @@ def attend(
     eager: bool = False,
 ) -> torch.Tensor:
     """`eager`: always the explicit matmul-softmax-matmul below (fixed-shape steps: plain
-    batched GEMMs and a row-wise softmax, whose rows share no reduction), never SDPA."""
+    batched GEMMs and a row-wise softmax, whose rows share no reduction), never SDPA.
+    Otherwise a prompt chunk on CPU takes `_attend_blocks` and elsewhere SDPA."""
     H, T, hd = q.shape
     Hkv = k.shape[0]
+    if T > 1 and softcap is None and not eager and q.device.type == "cpu":
+        return _attend_blocks(q, k, v, mask, scaling)
     if T == 1 or softcap is not None or eager:
         # Decode (and softcapped configs): the reference's eager maths, with the query heads
         # of each KV head stacked as rows so GQA needs no copy of K/V.
@@ -133,3 +136,41 @@ def attend(
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return (probs @ v).view(H, T, hd)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
+
+
+ATTEND_BLOCK_ROWS = 128  # a prompt chunk's queries a block (_attend_blocks)
+
+
+def _attend_blocks(
+    q: torch.Tensor,  # [H, T, hd]
+    k: torch.Tensor,  # [Hkv, S, hd]
+    v: torch.Tensor,  # [Hkv, S, hd]
+    mask: torch.Tensor | None,  # [T, S] bool, True = visible; None = every key visible
+    scaling: float,
+) -> torch.Tensor:  # [H, T, hd]
+    """A prompt chunk's attention on CPU: fp32 scores, softmax and sums (the precision of SDPA's
+    math path, which upcasts; measured: the same error against float64), the query heads of a
+    KV head stacked as rows of one product (no copy of K/V for GQA), in blocks of
+    ATTEND_BLOCK_ROWS queries, each over the range of keys its rows see (a causal block skips
+    the keys after its last row; a sliding one those before its first row's window), so the
+    scores held are bounded. A chunk's blocks and ranges depend only on its mask, so its
+    numbers are the same whichever steps it runs in."""
+    H, T, hd = q.shape
+    Hkv, S, _ = k.shape
+    G = H // Hkv
+    qg = q.reshape(Hkv, G, T, hd)
+    out = torch.empty(Hkv, G, T, hd, dtype=q.dtype)
+    for b0 in range(0, T, ATTEND_BLOCK_ROWS):
+        b1 = min(T, b0 + ATTEND_BLOCK_ROWS)
+        lo, hi, seen = 0, S, None
+        if mask is not None:
+            cols = mask[b0:b1].any(0).nonzero()  # [n, 1]: keys some row of the block sees
+            lo, hi = int(cols[0]), int(cols[-1]) + 1
+            seen = mask[b0:b1, lo:hi]  # [B, hi - lo]
+        qb = qg[:, :, b0:b1].float().reshape(Hkv, G * (b1 - b0), hd)
+        scores = (qb @ k[:, lo:hi].float().transpose(1, 2)) * scaling  # [Hkv, G*B, hi - lo]
+        if seen is not None:
+            scores.view(Hkv, G, b1 - b0, hi - lo).masked_fill_(~seen, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[:, :, b0:b1] = (probs @ v[:, lo:hi].float()).view(Hkv, G, b1 - b0, hd)
+    return out.view(H, T, hd)

@@ -13,8 +13,6 @@ from torch import nn
 from fastgemma.kernels.norm import native_rms_norm
 from fastgemma.models.spec import RopeSpec
 
-_NATIVE_MAX_NUMEL = 1 << 16  # decode steps: one token's rows
-
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * scale, statistics in fp32, result cast back to x's dtype.
@@ -30,10 +28,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.use_rsqrt = eps, use_rsqrt
         self.scale = nn.Buffer(torch.ones(dim, dtype=torch.float32)) if with_scale else None
-        self.use_native = native  # kernels/cpu_norm.c for decode-sized inputs
+        self.use_native = native  # kernels/cpu_norm.c
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_native and x.numel() <= _NATIVE_MAX_NUMEL and (y := native_rms_norm(x, self.scale, self.eps)) is not None:
+        if self.use_native and (y := native_rms_norm(x, self.scale, self.eps)) is not None:
             return y
         xf = x.float()
         ms = xf.pow(2).mean(-1, keepdim=True) + self.eps
