@@ -118,12 +118,10 @@ def attend(
     eager: bool = False,
 ) -> torch.Tensor:
     """`eager`: always the explicit matmul-softmax-matmul below (fixed-shape steps: plain
-    batched GEMMs and a row-wise softmax, whose rows share no reduction), never SDPA.
-    Otherwise a prompt chunk on CPU takes `_attend_blocks` and elsewhere SDPA."""
+    batched GEMMs and a row-wise softmax, whose rows share no reduction). Otherwise a prompt
+    chunk takes `_attend_blocks` on CPU and SDPA elsewhere."""
     H, T, hd = q.shape
     Hkv = k.shape[0]
-    if T > 1 and softcap is None and not eager and q.device.type == "cpu":
-        return _attend_blocks(q, k, v, mask, scaling)
     if T == 1 or softcap is not None or eager:
         # Decode (and softcapped configs): the reference's eager maths, with the query heads
         # of each KV head stacked as rows so GQA needs no copy of K/V.
@@ -135,6 +133,8 @@ def attend(
             scores = scores.view(Hkv, H // Hkv, T, -1).masked_fill(~mask, float("-inf")).view_as(scores)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return (probs @ v).view(H, T, hd)
+    if q.device.type == "cpu":
+        return _attend_blocks(q, k, v, mask, scaling)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
 
 
@@ -148,8 +148,8 @@ def _attend_blocks(
     mask: torch.Tensor | None,  # [T, S] bool, True = visible; None = every key visible
     scaling: float,
 ) -> torch.Tensor:  # [H, T, hd]
-    """A prompt chunk's attention on CPU: fp32 scores, softmax and sums (the precision of SDPA's
-    math path, which upcasts; measured: the same error against float64), the query heads of a
+    """A prompt chunk's attention on CPU: fp32 scores, softmax and sums (as SDPA's math path,
+    which upcasts to fp32 too, and which this replaces), the query heads of a
     KV head stacked as rows of one product (no copy of K/V for GQA), in blocks of
     ATTEND_BLOCK_ROWS queries, each over the range of keys its rows see (a causal block skips
     the keys after its last row; a sliding one those before its first row's window), so the
